@@ -1,0 +1,270 @@
+"""A small REST client over plain dicts, on top of the official Python client.
+
+gpulab's components (node agent, GPU stack, bring-up) deal in whole API
+objects as JSON and know the handful of kinds they touch, so they skip the
+typed models and discovery: this keeps start-up fast and memory small.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import urllib.parse
+
+import kubernetes.client
+import kubernetes.config
+import urllib3
+
+# kind -> (API prefix, plural, namespaced)
+KINDS: dict[str, tuple[str, str, bool]] = {
+    "Namespace": ("/api/v1", "namespaces", False),
+    "Node": ("/api/v1", "nodes", False),
+    "Pod": ("/api/v1", "pods", True),
+    "Service": ("/api/v1", "services", True),
+    "ConfigMap": ("/api/v1", "configmaps", True),
+    "Secret": ("/api/v1", "secrets", True),
+    "Event": ("/api/v1", "events", True),
+    "ServiceAccount": ("/api/v1", "serviceaccounts", True),
+    "PersistentVolume": ("/api/v1", "persistentvolumes", False),
+    "PersistentVolumeClaim": ("/api/v1", "persistentvolumeclaims", True),
+    "ResourceQuota": ("/api/v1", "resourcequotas", True),
+    "LimitRange": ("/api/v1", "limitranges", True),
+    "Endpoints": ("/api/v1", "endpoints", True),
+    "Deployment": ("/apis/apps/v1", "deployments", True),
+    "ReplicaSet": ("/apis/apps/v1", "replicasets", True),
+    "DaemonSet": ("/apis/apps/v1", "daemonsets", True),
+    "StatefulSet": ("/apis/apps/v1", "statefulsets", True),
+    "Job": ("/apis/batch/v1", "jobs", True),
+    "CronJob": ("/apis/batch/v1", "cronjobs", True),
+    "HorizontalPodAutoscaler": ("/apis/autoscaling/v2", "horizontalpodautoscalers", True),
+    "StorageClass": ("/apis/storage.k8s.io/v1", "storageclasses", False),
+    "PriorityClass": ("/apis/scheduling.k8s.io/v1", "priorityclasses", False),
+    "Lease": ("/apis/coordination.k8s.io/v1", "leases", True),
+    "Role": ("/apis/rbac.authorization.k8s.io/v1", "roles", True),
+    "RoleBinding": ("/apis/rbac.authorization.k8s.io/v1", "rolebindings", True),
+    "ClusterRole": ("/apis/rbac.authorization.k8s.io/v1", "clusterroles", False),
+    "ClusterRoleBinding": ("/apis/rbac.authorization.k8s.io/v1", "clusterrolebindings", False),
+    "CustomResourceDefinition": ("/apis/apiextensions.k8s.io/v1", "customresourcedefinitions", False),
+    "APIService": ("/apis/apiregistration.k8s.io/v1", "apiservices", False),
+    "EventsV1": ("/apis/events.k8s.io/v1", "events", True),
+    "ClusterLogs": ("/apis/kwok.x-k8s.io/v1alpha1", "clusterlogs", False),
+    "ClusterExec": ("/apis/kwok.x-k8s.io/v1alpha1", "clusterexecs", False),
+    "ClusterPolicy": ("/apis/nvidia.com/v1", "clusterpolicies", False),
+}
+
+
+class NotFound(Exception):
+    pass
+
+
+class Conflict(Exception):
+    pass
+
+
+class Gone(Exception):
+    """A watch's resourceVersion is too old; list again."""
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, reason: str, body: dict[str, Any] | None):
+        self.status = status
+        self.body = body or {}
+        self.message = self.body.get("message") or reason
+        super().__init__(f"{status}: {self.message}")
+
+
+def register_kind(kind: str, prefix: str, plural: str, namespaced: bool) -> None:
+    KINDS[kind] = (prefix, plural, namespaced)
+
+
+class Client:
+    def __init__(self, kubeconfig: Path | str, timeout: float = 30):
+        cfg = kubernetes.client.Configuration()
+        kubernetes.config.load_kube_config(config_file=str(kubeconfig), client_configuration=cfg)
+        self._api = kubernetes.client.ApiClient(cfg)
+        # The generated client's REST layer is bypassed; its urllib3 pool
+        # already carries the kubeconfig's TLS material.
+        self._pool = self._api.rest_client.pool_manager
+        self.timeout = timeout
+
+    def close(self) -> None:
+        self._api.close()
+
+    # -- paths ---------------------------------------------------------------
+
+    @staticmethod
+    def path(kind: str, name: str | None = None, namespace: str | None = None,
+             subresource: str | None = None) -> str:
+        try:
+            prefix, plural, namespaced = KINDS[kind]
+        except KeyError:
+            raise KeyError(f"gpulab.cluster.api does not know kind {kind!r}") from None
+        p = prefix
+        if namespaced and namespace:
+            p += f"/namespaces/{namespace}"
+        p += f"/{plural}"
+        if name:
+            p += f"/{name}"
+        if subresource:
+            p += f"/{subresource}"
+        return p
+
+    def _url(self, path: str, query: dict[str, Any] | None) -> str:
+        url = self._api.configuration.host + path
+        if query:
+            url += "?" + urllib.parse.urlencode(query)
+        return url
+
+    def request(self, method: str, path: str, body: Any = None, query: dict[str, Any] | None = None,
+                content_type: str = "application/json") -> Any:
+        headers = {"Accept": "application/json", "Content-Type": content_type}
+        data = None if body is None else json.dumps(body).encode()
+        try:
+            resp = self._pool.request(method, self._url(path, query), body=data, headers=headers,
+                                      timeout=urllib3.Timeout(total=self.timeout), retries=False)
+        except urllib3.exceptions.HTTPError as e:
+            raise ApiError(0, f"cannot reach the apiserver: {e}", None) from None
+        payload = resp.data
+        if resp.status >= 400:
+            try:
+                parsed = json.loads(payload) if payload else None
+            except ValueError:
+                parsed = None
+            if resp.status == 404:
+                raise NotFound(path)
+            if resp.status == 409:
+                raise Conflict((parsed or {}).get("message", path))
+            raise ApiError(resp.status, resp.reason or "", parsed)
+        return json.loads(payload) if payload else None
+
+    # -- verbs ---------------------------------------------------------------
+
+    def get(self, kind: str, name: str, namespace: str | None = None) -> dict[str, Any] | None:
+        try:
+            return self.request("GET", self.path(kind, name, namespace))
+        except NotFound:
+            return None
+
+    def list(self, kind: str, namespace: str | None = None, label_selector: str | None = None,
+             field_selector: str | None = None) -> list[dict[str, Any]]:
+        return self.list_raw(kind, namespace, label_selector, field_selector).get("items") or []
+
+    def list_raw(self, kind: str, namespace: str | None = None, label_selector: str | None = None,
+                 field_selector: str | None = None) -> dict[str, Any]:
+        q = {}
+        if label_selector:
+            q["labelSelector"] = label_selector
+        if field_selector:
+            q["fieldSelector"] = field_selector
+        return self.request("GET", self.path(kind, None, namespace), query=q)
+
+    def create(self, obj: dict[str, Any]) -> dict[str, Any]:
+        ns = obj.get("metadata", {}).get("namespace")
+        return self.request("POST", self.path(obj["kind"], None, ns), obj)
+
+    def apply(self, obj: dict[str, Any], manager: str = "gpulab", force: bool = True) -> dict[str, Any]:
+        """Server-side apply."""
+        md = obj["metadata"]
+        return self.request(
+            "PATCH", self.path(obj["kind"], md["name"], md.get("namespace")), obj,
+            query={"fieldManager": manager, "force": "true" if force else "false"},
+            content_type="application/apply-patch+yaml",
+        )
+
+    def patch(self, kind: str, name: str, patch: dict[str, Any], namespace: str | None = None,
+              subresource: str | None = None, strategy: str = "merge") -> dict[str, Any]:
+        ctype = {"merge": "application/merge-patch+json",
+                 "strategic": "application/strategic-merge-patch+json",
+                 "json": "application/json-patch+json"}[strategy]
+        return self.request("PATCH", self.path(kind, name, namespace, subresource), patch, content_type=ctype)
+
+    def replace_status(self, obj: dict[str, Any]) -> dict[str, Any]:
+        md = obj["metadata"]
+        return self.request("PUT", self.path(obj["kind"], md["name"], md.get("namespace"), "status"), obj)
+
+    def delete(self, kind: str, name: str, namespace: str | None = None,
+               grace_seconds: int | None = None, uid: str | None = None,
+               propagation: str | None = None) -> bool:
+        body: dict[str, Any] = {"apiVersion": "v1", "kind": "DeleteOptions"}
+        if grace_seconds is not None:
+            body["gracePeriodSeconds"] = grace_seconds
+        if uid:
+            body["preconditions"] = {"uid": uid}
+        if propagation:
+            body["propagationPolicy"] = propagation
+        try:
+            self.request("DELETE", self.path(kind, name, namespace), body)
+            return True
+        except (NotFound, Conflict):
+            return False
+
+    def watch(self, kind: str, resource_version: str, namespace: str | None = None,
+              timeout_seconds: int = 300, field_selector: str | None = None) -> Iterator[dict[str, Any]]:
+        """Yield watch events ({type, object}) until the server closes the stream."""
+        q: dict[str, Any] = {"watch": "true", "resourceVersion": resource_version,
+                             "timeoutSeconds": timeout_seconds, "allowWatchBookmarks": "true"}
+        if field_selector:
+            q["fieldSelector"] = field_selector
+        resp = self._pool.request(
+            "GET", self._url(self.path(kind, None, namespace), q), headers={"Accept": "application/json"},
+            preload_content=False, timeout=urllib3.Timeout(connect=10, read=timeout_seconds + 30),
+            retries=False,
+        )
+        if resp.status >= 400:
+            body = resp.read()
+            resp.release_conn()
+            if resp.status == 410:
+                raise Gone(body.decode(errors="replace"))
+            raise ApiError(resp.status, resp.reason or "", None)
+        try:
+            buf = b""
+            for chunk in resp.stream(65536, decode_content=False):
+                buf += chunk
+                while b"\n" in buf:
+                    line, buf = buf.split(b"\n", 1)
+                    if line.strip():
+                        yield json.loads(line)
+        finally:
+            resp.release_conn()
+
+    def wait_crd(self, name: str, timeout: float = 30) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            crd = self.get("CustomResourceDefinition", name)
+            for c in (crd or {}).get("status", {}).get("conditions") or []:
+                if c.get("type") == "Established" and c.get("status") == "True":
+                    return
+            time.sleep(0.1)
+        raise TimeoutError(f"CRD {name} not Established after {timeout:.0f} s")
+
+    def event(self, involved: dict[str, Any], reason: str, message: str, type_: str = "Normal",
+              component: str = "kubelet", host: str | None = None) -> None:
+        """Record a core/v1 Event about ``involved`` (as kubectl describe shows them)."""
+        md = involved["metadata"]
+        ns = md.get("namespace") or "default"
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        ev = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{md['name']}.", "namespace": ns},
+            "involvedObject": {
+                "apiVersion": involved.get("apiVersion", "v1"), "kind": involved["kind"],
+                "name": md["name"], "namespace": md.get("namespace"), "uid": md.get("uid"),
+            },
+            "reason": reason,
+            "message": message,
+            "type": type_,
+            "source": {"component": component, **({"host": host} if host else {})},
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+            "reportingComponent": component,
+            "reportingInstance": host or component,
+        }
+        try:
+            self.create(ev)
+        except (ApiError, NotFound, Conflict):
+            pass  # events are best effort, as in the kubelet

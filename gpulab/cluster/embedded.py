@@ -1,0 +1,308 @@
+"""The embedded backend: a real control plane as local processes, nodes by KWOK.
+
+Start order and why:
+
+1. ``etcd`` — the only state; survives ``down``/``up``.
+2. ``kube-apiserver`` — then gpulab registers what a kubelet would register
+   (the Node objects of the topology) and installs the cluster's defaults
+   (a default StorageClass, KWOK's log/exec CRDs).
+3. ``kube-controller-manager`` and ``kube-scheduler`` — unmodified, with
+   leader election off (one replica; a stale lease would delay a restart).
+4. ``kwok`` — node heartbeats and leases, and the kubelet's HTTP API
+   (``kubectl logs``/``exec``) for every simulated node.
+5. ``node-agent`` — gpulab's simulated kubelet: runs pods' containers,
+   reports their status, provisions local volumes.
+
+Everything listens on 127.0.0.1 only, on ports chosen free at first start
+and reused afterwards so kubeconfigs stay valid.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from .. import paths
+from . import binaries, kubeconfig, nodes, pki
+from .processes import Component, ProcessTable, StartError, free_port, http_ok, https_ok, port_is_free, who_listens
+from .topology import Topology
+from .topology import load as load_topology
+
+Say = Callable[[str], None]
+
+# Start order; stop is the reverse.
+COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok", "node-agent")
+PORTS = ("etcd-client", "etcd-peer", "apiserver", "controller-manager", "scheduler", "kwok")
+
+POD_CIDR = "10.244.0.0/16"
+SERVICE_CIDR = "10.96.0.0/16"
+STORAGE_CLASS = "standard"
+PROVISIONER = "gpulab.io/local-path"
+NODE_ANNOTATION = ("kwok.x-k8s.io/node", "fake")
+
+
+class ClusterError(RuntimeError):
+    """Something about the cluster's state stops the command; the message says what to do."""
+
+
+def _say(msg: str) -> None:
+    print(f"gpulab: {msg}", file=sys.stderr, flush=True)
+
+
+class EmbeddedCluster:
+    def __init__(self, root: Path | None = None):
+        self.root = root or paths.cluster_dir()
+        self.procs = ProcessTable(self.root)
+        self.pki = self.root / "pki"
+
+    # -- state ---------------------------------------------------------------
+
+    @property
+    def state_file(self) -> Path:
+        return self.root / "state.json"
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.root / "kubeconfig"
+
+    def state(self) -> dict[str, Any]:
+        try:
+            return json.loads(self.state_file.read_text())
+        except (OSError, ValueError):
+            return {}
+
+    def _save_state(self, state: dict[str, Any]) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        tmp = self.state_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(state, indent=2))
+        os.replace(tmp, self.state_file)
+
+    def exists(self) -> bool:
+        return self.state_file.is_file()
+
+    def topology(self) -> Topology:
+        st = self.state()
+        return load_topology(st.get("topology"))
+
+    def running(self) -> dict[str, int]:
+        return {n: p for n, p in self.procs.running().items() if n in COMPONENTS}
+
+    def is_up(self) -> bool:
+        return set(self.running()) == set(COMPONENTS)
+
+    # -- bring-up ------------------------------------------------------------
+
+    def up(self, topology_path: str | Path | None = None, say: Say = _say, timeout: float = 120) -> str:
+        """Start the cluster (or whatever part of it is down). Returns a one-line summary."""
+        state = self.state()
+        if topology_path is not None:
+            topo = load_topology(topology_path)
+            stored = state.get("topology")
+            if stored and Path(stored).resolve() != topo.source.resolve():
+                raise ClusterError(
+                    f"a cluster with topology {stored} already exists in {self.root}; "
+                    "`gpulab reset --topology FILE` switches topologies (it wipes the cluster's objects), "
+                    "or `gpulab down --purge` deletes it"
+                )
+        else:
+            topo = load_topology(state.get("topology"))
+        running = self.running()
+        if set(running) == set(COMPONENTS):
+            return f"cluster already running ({len(topo.nodes)} nodes); kubeconfig: {self.kubeconfig}"
+        if running:
+            down = [c for c in COMPONENTS if c not in running]
+            say(f"restarting stopped components: {', '.join(down)} (objects are kept)")
+
+        bins = binaries.ensure(say)
+        started = time.monotonic()
+        pki.ensure(self.pki)
+        ports = self._ports(state.get("ports", {}), running)
+        state.update(topology=str(topo.source.resolve()), ports=ports, backend="embedded")
+        self._save_state(state)
+        self._write_kubeconfigs(ports["apiserver"])
+
+        started_now: list[str] = []
+        try:
+            for name in COMPONENTS:
+                if name in running:
+                    continue
+                comp = self._component(name, bins, ports)
+                say(f"starting {name}")
+                self.procs.start(comp, timeout=60, say=say)
+                started_now.append(name)
+                if name == "kube-apiserver":
+                    nodes.bootstrap(self, topo, bins.kwok_crds, say)
+            nodes.wait_ready(self, topo, timeout=max(10.0, timeout - (time.monotonic() - started)))
+        except BaseException as e:
+            # Leave nothing half-started behind: what this call started, it stops.
+            for name in reversed(started_now):
+                self.procs.stop(name)
+            if isinstance(e, StartError):
+                raise ClusterError(str(e)) from None
+            raise
+        took = time.monotonic() - started
+        return (f"cluster up in {took:.1f} s: {len(topo.nodes)} nodes Ready "
+                f"({len(topo.gpu_nodes)} with GPUs); kubeconfig: {self.kubeconfig}")
+
+    def _ports(self, previous: dict[str, int], running: dict[str, int]) -> dict[str, int]:
+        owner = {"etcd-client": "etcd", "etcd-peer": "etcd", "apiserver": "kube-apiserver",
+                 "controller-manager": "kube-controller-manager", "scheduler": "kube-scheduler",
+                 "kwok": "kwok"}
+        ports: dict[str, int] = {}
+        for key in PORTS:
+            prev = previous.get(key)
+            if prev and owner[key] in running:
+                ports[key] = prev
+            elif prev and port_is_free(prev):
+                ports[key] = prev
+            else:
+                if prev:
+                    # The apiserver port is in every kubeconfig; a moved port
+                    # is worth telling about.
+                    _say(f"port {prev} ({key}) is held by {who_listens(prev)}; using another")
+                ports[key] = free_port()
+        if len(set(ports.values())) != len(ports):
+            raise ClusterError(f"port allocation collided: {ports}; run `gpulab up` again")
+        return ports
+
+    def _write_kubeconfigs(self, api_port: int) -> None:
+        server = f"https://127.0.0.1:{api_port}"
+        ca = self.pki / "ca.crt"
+        kubeconfig.write(self.kubeconfig, server, ca, self.pki / "admin.crt", self.pki / "admin.key")
+        for stem, cn, _ in pki.COMPONENTS:
+            if stem == "admin":
+                continue
+            kubeconfig.write(self.root / "kubeconfigs" / f"{stem}.yaml", server, ca,
+                             self.pki / f"{stem}.crt", self.pki / f"{stem}.key", user=cn)
+
+    def _component(self, name: str, bins: binaries.Binaries, ports: dict[str, int]) -> Component:
+        p = self.pki
+        kc = self.root / "kubeconfigs"
+        admin = (p / "admin.crt", p / "admin.key")
+        if name == "etcd":
+            data = self.root / "etcd"
+            client = f"http://127.0.0.1:{ports['etcd-client']}"
+            peer = f"http://127.0.0.1:{ports['etcd-peer']}"
+            return Component(name, [
+                str(bins["etcd"]), "--name=gpulab", f"--data-dir={data}",
+                f"--listen-client-urls={client}", f"--advertise-client-urls={client}",
+                f"--listen-peer-urls={peer}", f"--initial-advertise-peer-urls={peer}",
+                f"--initial-cluster=gpulab={peer}",
+                # A teaching cluster trades durability on power loss for speed.
+                "--unsafe-no-fsync=true", "--auto-compaction-retention=1",
+                "--quota-backend-bytes=2147483648", "--log-level=warn",
+            ], http_ok(f"{client}/health"))
+        if name == "kube-apiserver":
+            port = ports["apiserver"]
+            return Component(name, [
+                str(bins["kube-apiserver"]),
+                f"--etcd-servers=http://127.0.0.1:{ports['etcd-client']}",
+                "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", f"--secure-port={port}",
+                f"--tls-cert-file={p / 'apiserver.crt'}", f"--tls-private-key-file={p / 'apiserver.key'}",
+                f"--client-ca-file={p / 'ca.crt'}",
+                f"--service-account-key-file={p / 'sa.pub'}",
+                f"--service-account-signing-key-file={p / 'sa.key'}",
+                "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+                f"--service-cluster-ip-range={SERVICE_CIDR}",
+                "--authorization-mode=Node,RBAC", "--allow-privileged=true",
+                # The default admission chain plus nothing else; ResourceQuota,
+                # Priority and DefaultStorageClass are all in it.
+                f"--kubelet-client-certificate={p / 'apiserver-kubelet-client.crt'}",
+                f"--kubelet-client-key={p / 'apiserver-kubelet-client.key'}",
+                "--kubelet-preferred-address-types=InternalIP,Hostname",
+                # Aggregation layer (custom metrics APIService).
+                f"--requestheader-client-ca-file={p / 'ca.crt'}",
+                "--requestheader-allowed-names=front-proxy-client",
+                "--requestheader-username-headers=X-Remote-User",
+                "--requestheader-group-headers=X-Remote-Group",
+                "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+                f"--proxy-client-cert-file={p / 'front-proxy-client.crt'}",
+                f"--proxy-client-key-file={p / 'front-proxy-client.key'}",
+                "--enable-aggregator-routing=true",
+                # No kube-proxy and no routable pod network: nothing may try
+                # to reach the "kubernetes" Service endpoints.
+                "--endpoint-reconciler-type=none",
+                "--profiling=false", "--v=0",
+            ], https_ok(f"https://127.0.0.1:{port}/readyz", p / "ca.crt", admin))
+        if name == "kube-controller-manager":
+            port = ports["controller-manager"]
+            return Component(name, [
+                str(bins["kube-controller-manager"]),
+                f"--kubeconfig={kc / 'kube-controller-manager.yaml'}",
+                f"--authentication-kubeconfig={kc / 'kube-controller-manager.yaml'}",
+                f"--authorization-kubeconfig={kc / 'kube-controller-manager.yaml'}",
+                "--bind-address=127.0.0.1", f"--secure-port={port}",
+                "--leader-elect=false", "--use-service-account-credentials=true",
+                f"--root-ca-file={p / 'ca.crt'}", f"--service-account-private-key-file={p / 'sa.key'}",
+                f"--cluster-signing-cert-file={p / 'ca.crt'}", f"--cluster-signing-key-file={p / 'ca.key'}",
+                "--allocate-node-cidrs=true", f"--cluster-cidr={POD_CIDR}", "--node-cidr-mask-size=24",
+                f"--service-cluster-ip-range={SERVICE_CIDR}",
+                # Lessons watch an HPA react; the default 15 s period makes
+                # each step of a demo wait needlessly.
+                "--horizontal-pod-autoscaler-sync-period=5s",
+                "--horizontal-pod-autoscaler-downscale-stabilization=30s",
+                "--kube-api-qps=100", "--kube-api-burst=200", "--v=0",
+            ], https_ok(f"https://127.0.0.1:{port}/healthz"))
+        if name == "kube-scheduler":
+            port = ports["scheduler"]
+            return Component(name, [
+                str(bins["kube-scheduler"]),
+                f"--kubeconfig={kc / 'kube-scheduler.yaml'}",
+                f"--authentication-kubeconfig={kc / 'kube-scheduler.yaml'}",
+                f"--authorization-kubeconfig={kc / 'kube-scheduler.yaml'}",
+                "--bind-address=127.0.0.1", f"--secure-port={port}",
+                "--leader-elect=false", "--kube-api-qps=100", "--kube-api-burst=200", "--v=0",
+            ], https_ok(f"https://127.0.0.1:{port}/healthz"))
+        if name == "kwok":
+            port = ports["kwok"]
+            config = self.root / "kwok.yaml"
+            shutil.copyfile(Path(__file__).with_name("kwok-stages.yaml"), config)
+            return Component(name, [
+                str(bins["kwok"]), f"--kubeconfig={kc / 'kwok.yaml'}", f"--config={config}",
+                "--manage-all-nodes=false",
+                f"--manage-nodes-with-annotation-selector={NODE_ANNOTATION[0]}={NODE_ANNOTATION[1]}",
+                "--manage-nodes-with-label-selector=", "--manage-single-node=",
+                "--node-ip=127.0.0.1", "--node-name=localhost", f"--node-port={port}",
+                f"--server-address=127.0.0.1:{port}",
+                f"--tls-cert-file={p / 'kwok.crt'}", f"--tls-private-key-file={p / 'kwok.key'}",
+                "--node-lease-duration-seconds=40", "--enable-crds=ClusterLogs,ClusterExec",
+                f"--cidr={POD_CIDR}",
+            ], https_ok(f"https://127.0.0.1:{port}/healthz"),
+                env=dict(os.environ, KWOK_WORKDIR=str(self.root / "kwok-work")))
+        if name == "node-agent":
+            ready = self.root / "node-agent.ready"
+            ready.unlink(missing_ok=True)
+            return Component(name, [
+                sys.executable, "-m", "gpulab.runtime", f"--cluster-dir={self.root}",
+            ], ready.exists, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+        raise KeyError(name)
+
+    # -- stop / reset / purge -------------------------------------------------
+
+    def down(self, purge: bool = False, say: Say = _say) -> str:
+        stopped = [n for n in reversed(COMPONENTS) if self.procs.stop(n)]
+        # Anything else recorded (an old component name) goes too.
+        for extra in self.procs.running():
+            self.procs.stop(extra)
+        if purge:
+            shutil.rmtree(self.root, ignore_errors=True)
+            return f"cluster stopped and deleted ({self.root})"
+        if not stopped:
+            return "no cluster processes were running"
+        return f"stopped {', '.join(stopped)}; state kept in {self.root} (`gpulab up` resumes it)"
+
+    def reset(self, topology_path: str | Path | None = None, say: Say = _say) -> str:
+        """Back to the topology's initial state: objects, volumes and pod data are wiped."""
+        topo = load_topology(topology_path if topology_path is not None else self.state().get("topology"))
+        self.down(say=say)
+        for sub in ("etcd", "nodes", "pods", "kwok-work"):
+            shutil.rmtree(self.root / sub, ignore_errors=True)
+        state = self.state()
+        state["topology"] = str(topo.source.resolve())
+        self._save_state(state)
+        return self.up(say=say)

@@ -1,0 +1,152 @@
+"""What a kubelet registers, done once for each simulated node at bring-up.
+
+A real kubelet creates its Node object with capacity from the machine, its
+well-known labels, and registration taints; NFD and GFD add hardware labels
+later. Here gpulab creates each topology node the same way, marked for KWOK
+(``kwok.x-k8s.io/node: fake``) so KWOK keeps it alive.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+import yaml
+
+from . import api
+from .topology import NodeSpec, Topology
+
+if TYPE_CHECKING:
+    from .embedded import EmbeddedCluster
+
+POOL_LABEL = "gpulab.io/pool"
+
+
+def base_labels(spec: NodeSpec) -> dict[str, str]:
+    return {
+        "kubernetes.io/hostname": spec.name,
+        "kubernetes.io/os": "linux",
+        "kubernetes.io/arch": "amd64",
+        "beta.kubernetes.io/os": "linux",
+        "beta.kubernetes.io/arch": "amd64",
+        POOL_LABEL: spec.pool,
+    }
+
+
+def hardware_labels(spec: NodeSpec) -> dict[str, str]:
+    """NFD's PCI label and GFD's GPU labels, as the GPU stack keeps them."""
+    if not spec.gpu_count or not spec.gpu_model:
+        return {}
+    from ..fakegpu import gfd, models
+
+    return gfd.node_labels(models.get_model(spec.gpu_model), spec.gpu_count)
+
+
+def node_object(spec: NodeSpec, annotation: tuple[str, str]) -> dict[str, Any]:
+    from .. import versions
+
+    labels = {**base_labels(spec), **hardware_labels(spec), **spec.labels}
+    resources = {
+        "cpu": spec.cpu,
+        "memory": spec.memory,
+        "pods": str(spec.pods),
+        "ephemeral-storage": "500Gi",
+        "hugepages-1Gi": "0",
+        "hugepages-2Mi": "0",
+    }
+    if spec.gpu_count:
+        # The device manager re-reports this from the device plugin; the
+        # initial value lets the node be schedulable from its first second.
+        resources["nvidia.com/gpu"] = str(spec.gpu_count)
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": spec.name,
+            "labels": labels,
+            "annotations": {
+                annotation[0]: annotation[1],
+                "node.alpha.kubernetes.io/ttl": "0",
+                "volumes.kubernetes.io/controller-managed-attach-detach": "true",
+            },
+        },
+        "spec": {"taints": [t.to_api() for t in spec.taints]} if spec.taints else {},
+        "status": {
+            "capacity": resources,
+            "allocatable": dict(resources),
+            "nodeInfo": {
+                "architecture": "amd64",
+                "operatingSystem": "linux",
+                "osImage": "Ubuntu 24.04.1 LTS",
+                "kernelVersion": "6.8.0-gpulab",
+                "containerRuntimeVersion": "gpulab://" + versions.KUBERNETES.lstrip("v"),
+                "kubeletVersion": versions.KUBERNETES,
+                "kubeProxyVersion": versions.KUBERNETES,
+                "machineID": "",
+                "systemUUID": "",
+                "bootID": "",
+            },
+        },
+    }
+
+
+def storage_class(name: str, provisioner: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "storage.k8s.io/v1",
+        "kind": "StorageClass",
+        "metadata": {
+            "name": name,
+            "annotations": {"storageclass.kubernetes.io/is-default-class": "true"},
+        },
+        "provisioner": provisioner,
+        # Bind once the scheduler has picked a node, so the volume is local
+        # to the node the pod runs on (like local-path provisioners).
+        "volumeBindingMode": "WaitForFirstConsumer",
+        "reclaimPolicy": "Delete",
+    }
+
+
+def bootstrap(cluster: "EmbeddedCluster", topo: Topology, crds: tuple[Path, ...],
+              say: Callable[[str], None]) -> None:
+    """Create what a fresh cluster needs before the controllers start; idempotent."""
+    from .embedded import NODE_ANNOTATION, PROVISIONER, STORAGE_CLASS
+
+    client = api.Client(cluster.kubeconfig)
+    for crd in crds:
+        client.apply(yaml.safe_load(crd.read_text()))
+    for crd in crds:
+        name = yaml.safe_load(crd.read_text())["metadata"]["name"]
+        client.wait_crd(name)
+    if client.get("StorageClass", STORAGE_CLASS) is None:
+        client.create(storage_class(STORAGE_CLASS, PROVISIONER))
+    created = 0
+    for spec in topo.nodes:
+        if client.get("Node", spec.name) is None:
+            client.create(node_object(spec, NODE_ANNOTATION))
+            created += 1
+    if created:
+        say(f"registered {created} nodes from topology {topo.name!r}")
+
+
+def wait_ready(cluster: "EmbeddedCluster", topo: Topology, timeout: float) -> None:
+    from .embedded import ClusterError
+
+    client = api.Client(cluster.kubeconfig)
+    want = {n.name for n in topo.nodes}
+    deadline = time.monotonic() + timeout
+    not_ready = want
+    while time.monotonic() < deadline:
+        ready = set()
+        for node in client.list("Node"):
+            for cond in node.get("status", {}).get("conditions") or []:
+                if cond.get("type") == "Ready" and cond.get("status") == "True":
+                    ready.add(node["metadata"]["name"])
+        not_ready = want - ready
+        if not not_ready:
+            return
+        time.sleep(0.2)
+    raise ClusterError(
+        f"nodes not Ready after {timeout:.0f} s: {', '.join(sorted(not_ready))}; "
+        f"see {cluster.procs.log('kwok')}"
+    )

@@ -1,0 +1,150 @@
+"""Certificates for the embedded cluster.
+
+One CA signs everything: the apiserver's serving certificate (for 127.0.0.1
+and localhost only), the admin client certificate used by gpulab, kubectl and
+the notebooks (``system:masters``), one client certificate per control-plane
+component (so the apiserver's audit and RBAC see real identities), and on
+demand client certificates for namespace-scoped identities (grading).
+The service-account token signing key is a separate RSA key.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import ipaddress
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+VALIDITY = dt.timedelta(days=3650)
+
+# Client identities of the control plane: (file stem, CN, groups).
+COMPONENTS = (
+    ("admin", "gpulab-admin", ("system:masters",)),
+    ("kube-controller-manager", "system:kube-controller-manager", ()),
+    ("kube-scheduler", "system:kube-scheduler", ()),
+    # kwok and the simulated kubelet patch node and pod status for every node;
+    # they act for the whole node fleet, so they get cluster-admin by group.
+    ("kwok", "gpulab:kwok", ("system:masters",)),
+    ("node-agent", "gpulab:node-agent", ("system:masters",)),
+    ("apiserver-kubelet-client", "kube-apiserver-kubelet-client", ()),
+    ("front-proxy-client", "front-proxy-client", ()),
+)
+
+
+def _key() -> rsa.RSAPrivateKey:
+    return rsa.generate_private_key(public_exponent=65537, key_size=2048)
+
+
+def _write_key(key: rsa.RSAPrivateKey, path: Path) -> None:
+    path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.TraditionalOpenSSL,
+            serialization.NoEncryption(),
+        )
+    )
+    path.chmod(0o600)
+
+
+def _write_cert(cert: x509.Certificate, path: Path) -> None:
+    path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+
+
+def _load(pki: Path, stem: str) -> tuple[x509.Certificate, rsa.RSAPrivateKey]:
+    cert = x509.load_pem_x509_certificate((pki / f"{stem}.crt").read_bytes())
+    key = serialization.load_pem_private_key((pki / f"{stem}.key").read_bytes(), None)
+    assert isinstance(key, rsa.RSAPrivateKey)
+    return cert, key
+
+
+def _sign(
+    subject: x509.Name,
+    key: rsa.RSAPrivateKey,
+    ca: tuple[x509.Certificate, rsa.RSAPrivateKey] | None,
+    *,
+    is_ca: bool = False,
+    server: bool = False,
+) -> x509.Certificate:
+    now = dt.datetime.now(dt.timezone.utc) - dt.timedelta(minutes=5)
+    issuer_cert, issuer_key = ca if ca else (None, key)
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(issuer_cert.subject if issuer_cert else subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now)
+        .not_valid_after(now + VALIDITY)
+        .add_extension(x509.BasicConstraints(ca=is_ca, path_length=None), critical=True)
+    )
+    if is_ca:
+        builder = builder.add_extension(
+            x509.KeyUsage(True, False, False, False, False, True, True, False, False), critical=True
+        )
+    else:
+        usages = [ExtendedKeyUsageOID.CLIENT_AUTH]
+        if server:
+            usages.append(ExtendedKeyUsageOID.SERVER_AUTH)
+            builder = builder.add_extension(
+                x509.SubjectAlternativeName(
+                    [
+                        x509.DNSName("localhost"),
+                        x509.DNSName("kubernetes"),
+                        x509.DNSName("kubernetes.default"),
+                        x509.DNSName("kubernetes.default.svc"),
+                        x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
+                    ]
+                ),
+                critical=False,
+            )
+        builder = builder.add_extension(x509.ExtendedKeyUsage(usages), critical=False)
+    return builder.sign(issuer_key, hashes.SHA256())
+
+
+def _name(cn: str, groups: tuple[str, ...] = ()) -> x509.Name:
+    attrs = [x509.NameAttribute(NameOID.ORGANIZATION_NAME, g) for g in groups]
+    attrs.append(x509.NameAttribute(NameOID.COMMON_NAME, cn))
+    return x509.Name(attrs)
+
+
+def ensure(pki: Path) -> None:
+    """Create whatever is missing under ``pki`` (idempotent; keeps existing files)."""
+    pki.mkdir(parents=True, exist_ok=True)
+    if not (pki / "ca.crt").exists():
+        key = _key()
+        _write_cert(_sign(_name("gpulab-ca"), key, None, is_ca=True), pki / "ca.crt")
+        _write_key(key, pki / "ca.key")
+    ca = _load(pki, "ca")
+    if not (pki / "apiserver.crt").exists():
+        key = _key()
+        _write_cert(_sign(_name("kube-apiserver"), key, ca, server=True), pki / "apiserver.crt")
+        _write_key(key, pki / "apiserver.key")
+    for stem, cn, groups in COMPONENTS:
+        if not (pki / f"{stem}.crt").exists():
+            key = _key()
+            # kwok serves the kubelet API for the simulated nodes, so its
+            # certificate is a serving one too.
+            _write_cert(_sign(_name(cn, groups), key, ca, server=stem == "kwok"), pki / f"{stem}.crt")
+            _write_key(key, pki / f"{stem}.key")
+    if not (pki / "sa.key").exists():
+        key = _key()
+        _write_key(key, pki / "sa.key")
+        (pki / "sa.pub").write_bytes(
+            key.public_key().public_bytes(
+                serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+            )
+        )
+
+
+def issue_client(pki: Path, stem: str, user: str, groups: tuple[str, ...] = ()) -> tuple[Path, Path]:
+    """A client certificate for ``user`` (e.g. a grading identity); returns (crt, key)."""
+    ca = _load(pki, "ca")
+    key = _key()
+    crt_path, key_path = pki / f"{stem}.crt", pki / f"{stem}.key"
+    _write_cert(_sign(_name(user, groups), key, ca), crt_path)
+    _write_key(key, key_path)
+    return crt_path, key_path

@@ -1,0 +1,226 @@
+"""Starting, finding and stopping the cluster's host processes.
+
+Each component is started detached (its own session, output to
+``logs/<name>.log``) so it outlives the ``gpulab up`` that started it; its pid
+and command line are recorded under ``pids/``. A pid alone is not trusted:
+a process counts as ours only if its command line still matches, so a reused
+pid is never signalled.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import socket
+import ssl
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+from typing import Callable
+
+
+@dataclasses.dataclass
+class Component:
+    name: str
+    argv: list[str]
+    # A callable that returns True once the component serves.
+    ready: Callable[[], bool]
+    env: dict[str, str] | None = None
+
+
+class StartError(RuntimeError):
+    pass
+
+
+def free_port(preferred: int | None = None) -> int:
+    """``preferred`` if it can be bound on 127.0.0.1, else any free port."""
+    if preferred and port_is_free(preferred):
+        return preferred
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def port_is_free(port: int) -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def who_listens(port: int) -> str:
+    """Best effort: the program holding a TCP port (for error messages)."""
+    try:
+        import psutil
+
+        for c in psutil.net_connections("tcp"):
+            if c.laddr and c.laddr.port == port and c.status == psutil.CONN_LISTEN and c.pid:
+                return f"{psutil.Process(c.pid).name()} (pid {c.pid})"
+    except Exception:
+        pass
+    return "another program"
+
+
+class ProcessTable:
+    """The pid files of one cluster directory."""
+
+    def __init__(self, root: Path):
+        self.pids = root / "pids"
+        self.logs = root / "logs"
+
+    def _record(self, name: str) -> Path:
+        return self.pids / f"{name}.json"
+
+    def log(self, name: str) -> Path:
+        return self.logs / f"{name}.log"
+
+    def pid(self, name: str) -> int | None:
+        """The live pid of ``name``, or None if it is not running."""
+        try:
+            rec = json.loads(self._record(name).read_text())
+        except (OSError, ValueError):
+            return None
+        pid = rec.get("pid")
+        if not isinstance(pid, int) or not _alive(pid):
+            return None
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            return None
+        if not cmdline or os.fsdecode(cmdline[0]) != rec.get("argv0"):
+            return None
+        return pid
+
+    def running(self) -> dict[str, int]:
+        out = {}
+        if self.pids.is_dir():
+            for rec in sorted(self.pids.glob("*.json")):
+                pid = self.pid(rec.stem)
+                if pid:
+                    out[rec.stem] = pid
+        return out
+
+    def start(self, comp: Component, timeout: float, say: Callable[[str], None]) -> int:
+        self.pids.mkdir(parents=True, exist_ok=True)
+        self.logs.mkdir(parents=True, exist_ok=True)
+        log = open(self.log(comp.name), "ab")
+        log.write(f"\n==== gpulab: starting {comp.name} at {time.strftime('%F %T')} ====\n".encode())
+        log.flush()
+        proc = subprocess.Popen(
+            comp.argv,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env=comp.env or os.environ.copy(),
+            close_fds=True,
+        )
+        log.close()
+        self._record(comp.name).write_text(json.dumps({"pid": proc.pid, "argv0": comp.argv[0]}))
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise StartError(
+                    f"{comp.name} exited with code {proc.returncode} while starting; "
+                    f"last lines of {self.log(comp.name)}:\n{tail(self.log(comp.name))}"
+                )
+            if comp.ready():
+                return proc.pid
+            time.sleep(0.1)
+        self.stop(comp.name, grace=3)
+        raise StartError(
+            f"{comp.name} did not become ready within {timeout:.0f} s; "
+            f"last lines of {self.log(comp.name)}:\n{tail(self.log(comp.name))}"
+        )
+
+    def stop(self, name: str, grace: float = 10.0) -> bool:
+        pid = self.pid(name)
+        self._record(name).unlink(missing_ok=True)
+        if not pid:
+            return False
+        _signal_group(pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline and _alive(pid):
+            _reap(pid)
+            time.sleep(0.05)
+        if _alive(pid):
+            _signal_group(pid, signal.SIGKILL)
+            while _alive(pid):
+                _reap(pid)
+                time.sleep(0.02)
+        return True
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    # Components run in their own session; signalling the group also reaches
+    # anything they started (the node agent's pod processes).
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        # A zombie still answers kill(0); it is not running.
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        return state != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def _reap(pid: int) -> None:
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
+
+
+def tail(path: Path, lines: int = 15) -> str:
+    try:
+        data = path.read_bytes()[-8192:].decode(errors="replace").splitlines()
+    except OSError:
+        return "  (no log)"
+    return "\n".join("  " + ln for ln in data[-lines:])
+
+
+# -- readiness probes -------------------------------------------------------
+
+def https_ok(url: str, ca: Path | None = None, cert: tuple[Path, Path] | None = None) -> Callable[[], bool]:
+    def probe() -> bool:
+        ctx = ssl.create_default_context(cafile=str(ca)) if ca else ssl._create_unverified_context()
+        if cert:
+            ctx.load_cert_chain(str(cert[0]), str(cert[1]))
+        try:
+            with urllib.request.urlopen(url, context=ctx, timeout=2) as r:
+                return r.status == 200
+        except Exception:
+            return False
+
+    return probe
+
+
+def http_ok(url: str) -> Callable[[], bool]:
+    def probe() -> bool:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as r:
+                return r.status == 200
+        except Exception:
+            return False
+
+    return probe

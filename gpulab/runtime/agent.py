@@ -1,0 +1,299 @@
+"""The node agent: the pod-running half of a kubelet for every simulated node.
+
+KWOK keeps the simulated nodes alive (heartbeats, leases) and serves their
+kubelet HTTP API; this process does what KWOK does not: it runs each bound
+pod (:mod:`gpulab.runtime.pod`), gives pods IPs from their node's
+``podCIDR``, tells KWOK where each container's log file is and how to exec
+into it, provisions local persistent volumes, and lets the GPU stack
+allocate devices to containers (:class:`DeviceHooks`).
+
+One process serves all simulated nodes; it watches pods cluster-wide and
+keeps one worker thread per pod bound to a node it manages.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import ipaddress
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Protocol
+
+from ..cluster import api
+from . import sandbox
+from .pod import PodWorker
+from .provisioner import Provisioner
+from .volumes import VolumeBuilder
+
+log = logging.getLogger("gpulab.runtime")
+
+MANAGED_ANNOTATION = ("kwok.x-k8s.io/node", "fake")
+
+
+@dataclasses.dataclass
+class DeviceGrant:
+    env: dict[str, str] = dataclasses.field(default_factory=dict)
+    mounts: list[sandbox.Mount] = dataclasses.field(default_factory=list)
+    devices: list[sandbox.Mount] = dataclasses.field(default_factory=list)
+
+
+class DeviceHooks(Protocol):
+    """How the GPU stack takes part in starting a container (the kubelet's device manager)."""
+
+    def prepare(self, pod: dict[str, Any], container: dict[str, Any]) -> DeviceGrant: ...
+
+    def release(self, pod: dict[str, Any]) -> None: ...
+
+
+class NoDevices:
+    def prepare(self, pod: dict[str, Any], container: dict[str, Any]) -> DeviceGrant:
+        return DeviceGrant()
+
+    def release(self, pod: dict[str, Any]) -> None:
+        pass
+
+
+class Ipam:
+    """Pod IPs from each node's podCIDR (allocated by the node-ipam controller)."""
+
+    def __init__(self) -> None:
+        self.cidrs: dict[str, ipaddress.IPv4Network] = {}
+        self.used: dict[str, dict[str, str]] = {}
+        self.lock = threading.Lock()
+
+    def set_cidr(self, node: str, cidr: str | None) -> None:
+        if cidr:
+            with self.lock:
+                self.cidrs[node] = ipaddress.ip_network(cidr)
+
+    def assign(self, node: str, uid: str) -> str | None:
+        with self.lock:
+            net = self.cidrs.get(node)
+            if net is None:
+                return None
+            used = self.used.setdefault(node, {})
+            if uid in used:
+                return used[uid]
+            taken = set(used.values())
+            # .0 is the network, .1 the node's bridge on a real CNI.
+            for host in list(net.hosts())[1:]:
+                ip = str(host)
+                if ip not in taken:
+                    used[uid] = ip
+                    return ip
+        return None
+
+    def claim(self, node: str, uid: str, ip: str) -> None:
+        with self.lock:
+            self.used.setdefault(node, {})[uid] = ip
+
+    def release(self, node: str, uid: str) -> None:
+        with self.lock:
+            self.used.get(node, {}).pop(uid, None)
+
+
+class LogRegistry:
+    """Publishes where each pod's logs are, and how to exec into it, for KWOK.
+
+    KWOK serves ``kubectl logs`` and ``kubectl exec`` for simulated nodes from
+    cluster-scoped ClusterLogs/ClusterExec objects; one of each per pod.
+    Being cluster-scoped, they are invisible to namespace-scoped users.
+    """
+
+    def __init__(self, client: api.Client):
+        self.client = client
+
+    @staticmethod
+    def name(worker: PodWorker) -> str:
+        ns, name, uid = worker.key
+        return f"{ns}.{name}.{uid[:8]}"
+
+    def register(self, worker: PodWorker) -> None:
+        ns, name, _ = worker.key
+        selector = {"matchNamespaces": [ns], "matchNames": [name]}
+        logs = []
+        execs = []
+        for c in worker.init + worker.main:
+            entry: dict[str, Any] = {"containers": [c.name], "logsFile": str(c.log_path()), "follow": True}
+            prev = c.previous_log_path()
+            if prev:
+                entry["previousLogsFile"] = str(prev)
+            logs.append(entry)
+            env = {"PATH": sandbox.DEFAULT_PATH, "HOSTNAME": name}
+            grant = worker.agent.devices.prepare(worker.pod, c.spec)
+            env.update(grant.env)
+            for m in grant.mounts:
+                # nvidia-smi and friends: make them findable from exec too.
+                if m.container_path.startswith("/usr/bin/"):
+                    env["PATH"] = f"{Path(m.host_path).parent}:{env['PATH']}"
+            workdir = worker.dir / "exec" / c.name
+            workdir.mkdir(parents=True, exist_ok=True)
+            workdir.chmod(0o777)
+            local: dict[str, Any] = {"workDir": str(workdir), "envs": [{"name": k, "value": v} for k, v in env.items()]}
+            if os.geteuid() == 0:
+                local["securityContext"] = {"runAsUser": sandbox.NOBODY, "runAsGroup": sandbox.NOBODY}
+            execs.append({"containers": [c.name], "local": local})
+        meta = {"name": self.name(worker), "labels": {"gpulab.io/pod-uid": worker.key[2]}}
+        try:
+            self.client.apply({"apiVersion": "kwok.x-k8s.io/v1alpha1", "kind": "ClusterLogs", "metadata": meta,
+                               "spec": {"selector": selector, "logs": logs}}, manager="gpulab-node-agent")
+            self.client.apply({"apiVersion": "kwok.x-k8s.io/v1alpha1", "kind": "ClusterExec", "metadata": meta,
+                               "spec": {"selector": selector, "execs": execs}}, manager="gpulab-node-agent")
+        except (api.ApiError, api.NotFound) as e:
+            log.warning("cannot publish logs/exec for %s/%s: %s", ns, name, e)
+
+    def unregister(self, worker: PodWorker) -> None:
+        for kind in ("ClusterLogs", "ClusterExec"):
+            self.client.delete(kind, self.name(worker))
+
+    def sweep(self, live_uids: set[str]) -> None:
+        for kind in ("ClusterLogs", "ClusterExec"):
+            for obj in self.client.list(kind):
+                uid = (obj["metadata"].get("labels") or {}).get("gpulab.io/pod-uid")
+                if uid and uid not in live_uids:
+                    self.client.delete(kind, obj["metadata"]["name"])
+
+
+class NodeAgent:
+    def __init__(self, cluster_dir: Path, devices: DeviceHooks | None = None):
+        self.cluster_dir = cluster_dir
+        self.client = api.Client(cluster_dir / "kubeconfigs" / "node-agent.yaml")
+        self.pods_dir = cluster_dir / "pods"
+        self.nodes_dir = cluster_dir / "nodes"
+        self.devices: DeviceHooks = devices or NoDevices()
+        self.ipam = Ipam()
+        self.logs = LogRegistry(self.client)
+        self.volumes = VolumeBuilder(self.client, self.nodes_dir)
+        self.provisioner = Provisioner(self.client, self.nodes_dir)
+        self.nodes: set[str] = set()
+        self.workers: dict[str, PodWorker] = {}
+        self.stop = threading.Event()
+
+    # -- watches --------------------------------------------------------------
+
+    def _managed(self, node: dict[str, Any]) -> bool:
+        ann = node["metadata"].get("annotations") or {}
+        return ann.get(MANAGED_ANNOTATION[0]) == MANAGED_ANNOTATION[1]
+
+    def _on_node(self, node: dict[str, Any], deleted: bool = False) -> None:
+        name = node["metadata"]["name"]
+        if deleted or not self._managed(node):
+            self.nodes.discard(name)
+            return
+        self.nodes.add(name)
+        self.ipam.set_cidr(name, node.get("spec", {}).get("podCIDR"))
+
+    def _on_pod(self, pod: dict[str, Any], deleted: bool = False) -> None:
+        uid = pod["metadata"]["uid"]
+        worker = self.workers.get(uid)
+        if deleted:
+            if worker:
+                worker.remove()
+                self.workers.pop(uid, None)
+            return
+        node = pod.get("spec", {}).get("nodeName")
+        if not node or node not in self.nodes:
+            return
+        if worker is None:
+            ip = (pod.get("status") or {}).get("podIP")
+            if ip:
+                self.ipam.claim(node, uid, ip)
+            worker = PodWorker(self, pod)
+            self.workers[uid] = worker
+            worker.start()
+        else:
+            worker.update(pod)
+
+    def _reap(self) -> None:
+        for uid, w in list(self.workers.items()):
+            if not w.is_alive():
+                self.workers.pop(uid, None)
+
+    def _watch(self, kind: str, handler) -> None:
+        """List+watch ``kind`` forever, re-listing when the watch expires."""
+        while not self.stop.is_set():
+            try:
+                lst = self.client.list_raw(kind)
+                seen = set()
+                for obj in lst.get("items") or []:
+                    obj.setdefault("kind", kind)
+                    handler(obj)
+                    seen.add(obj["metadata"]["uid"])
+                if kind == "Pod":
+                    for uid in set(self.workers) - seen:
+                        self._on_pod(self.workers[uid].pod, deleted=True)
+                rv = lst["metadata"]["resourceVersion"]
+                if kind == "Node":
+                    self.nodes_synced.set()
+                while not self.stop.is_set():
+                    for ev in self.client.watch(kind, rv, timeout_seconds=240):
+                        if ev["type"] == "BOOKMARK":
+                            rv = ev["object"]["metadata"]["resourceVersion"]
+                            continue
+                        if ev["type"] == "ERROR":
+                            raise api.Gone(str(ev["object"]))
+                        obj = ev["object"]
+                        obj.setdefault("kind", kind)
+                        rv = obj["metadata"]["resourceVersion"]
+                        handler(obj, deleted=ev["type"] == "DELETED")
+                    if kind == "Pod":
+                        self._reap()
+            except api.Gone:
+                continue
+            except Exception as e:
+                if self.stop.is_set():
+                    return
+                log.warning("watch of %s failed (%s); retrying", kind, e)
+                time.sleep(1)
+
+    # -- main -----------------------------------------------------------------
+
+    def run(self, ready_file: Path | None = None) -> None:
+        sandbox.check()
+        self.nodes_synced = threading.Event()
+        threads = [
+            threading.Thread(target=self._watch, args=("Node", self._on_node), daemon=True, name="watch-nodes"),
+        ]
+        threads[0].start()
+        self.nodes_synced.wait(30)
+        pods = threading.Thread(target=self._watch, args=("Pod", self._on_pod), daemon=True, name="watch-pods")
+        pods.start()
+        prov = threading.Thread(target=self.provisioner.run, args=(self.stop,), daemon=True, name="provisioner")
+        prov.start()
+        try:
+            live = {p["metadata"]["uid"] for p in self.client.list("Pod")}
+            self.logs.sweep(live)
+        except api.ApiError:
+            pass
+        if ready_file:
+            ready_file.write_text(str(os.getpid()))
+        log.info("node agent running for %d nodes", len(self.nodes))
+        self.stop.wait()
+        for w in list(self.workers.values()):
+            w.shutdown()
+        for w in list(self.workers.values()):
+            w.join(timeout=5)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m gpulab.runtime",
+                                     description="gpulab's simulated kubelet for the embedded cluster")
+    parser.add_argument("--cluster-dir", type=Path, required=True)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                        stream=sys.stderr)
+    agent = NodeAgent(args.cluster_dir)
+
+    def on_term(signum, frame):
+        agent.stop.set()
+
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGINT, on_term)
+    agent.run(ready_file=args.cluster_dir / "node-agent.ready")
+    return 0

