@@ -1,0 +1,98 @@
+"""`gpulab status`: components up or down, and each node's GPUs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kubernetes.utils import parse_quantity
+
+from . import api
+from .embedded import COMPONENTS, EmbeddedCluster
+
+GPU_PREFIX = "nvidia.com/"
+
+
+def _requests(pod: dict[str, Any]) -> dict[str, float]:
+    """Effective requests of a pod as the scheduler counts them."""
+    spec = pod.get("spec") or {}
+    total: dict[str, float] = {}
+    for c in spec.get("containers") or []:
+        res = c.get("resources") or {}
+        for k, v in {**(res.get("limits") or {}), **(res.get("requests") or {})}.items():
+            total[k] = total.get(k, 0) + float(parse_quantity(v))
+    for c in spec.get("initContainers") or []:
+        res = c.get("resources") or {}
+        for k, v in {**(res.get("limits") or {}), **(res.get("requests") or {})}.items():
+            total[k] = max(total.get(k, 0), float(parse_quantity(v)))
+    return total
+
+
+def collect(cluster: EmbeddedCluster) -> dict[str, Any]:
+    running = cluster.running()
+    out: dict[str, Any] = {
+        "backend": "embedded",
+        "dir": str(cluster.root),
+        "kubeconfig": str(cluster.kubeconfig),
+        "components": {c: ({"state": "up", "pid": running[c]} if c in running else {"state": "down"})
+                       for c in COMPONENTS},
+        "nodes": [],
+    }
+    if "kube-apiserver" not in running:
+        return out
+    try:
+        client = api.Client(cluster.kubeconfig, timeout=5)
+        nodes = client.list("Node")
+        pods = client.list("Pod")
+    except Exception as e:  # status must report, not crash
+        out["error"] = f"apiserver not answering: {e}"
+        return out
+    allocated: dict[str, dict[str, float]] = {}
+    for pod in pods:
+        node = (pod.get("spec") or {}).get("nodeName")
+        if not node or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+            continue
+        for k, v in _requests(pod).items():
+            if k.startswith(GPU_PREFIX):
+                allocated.setdefault(node, {})[k] = allocated.get(node, {}).get(k, 0) + v
+    for node in sorted(nodes, key=lambda n: n["metadata"]["name"]):
+        name = node["metadata"]["name"]
+        st = node.get("status") or {}
+        labels = node["metadata"].get("labels") or {}
+        ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in st.get("conditions") or [])
+        resources = sorted({k for k in {**(st.get("capacity") or {}), **(st.get("allocatable") or {})}
+                            if k.startswith(GPU_PREFIX)})
+        out["nodes"].append({
+            "name": name,
+            "ready": ready,
+            "gpuModel": labels.get("nvidia.com/gpu.product", ""),
+            "resources": {r: {"capacity": int(parse_quantity((st.get("capacity") or {}).get(r, "0"))),
+                              "allocatable": int(parse_quantity((st.get("allocatable") or {}).get(r, "0"))),
+                              "allocated": int(allocated.get(name, {}).get(r, 0))} for r in resources},
+            "taints": [f"{t['key']}{'=' + t['value'] if t.get('value') else ''}:{t['effect']}"
+                       for t in (node.get("spec") or {}).get("taints") or []],
+        })
+    return out
+
+
+def render(st: dict[str, Any]) -> str:
+    lines = [f"backend: {st['backend']}   state: {st['dir']}", f"kubeconfig: {st['kubeconfig']}", ""]
+    lines.append("COMPONENT                 STATE   PID")
+    for name, c in st["components"].items():
+        lines.append(f"{name:<25} {c['state']:<7} {c.get('pid', '')}")
+    if st.get("error"):
+        lines += ["", st["error"]]
+    if st["nodes"]:
+        lines += ["", f"{'NODE':<14} {'READY':<6} {'GPU':<26} {'RESOURCE':<24} {'CAP':>4} {'ALLOC':>6} {'USED':>5}  TAINTS"]
+        for n in st["nodes"]:
+            taints = ",".join(n["taints"]) or "<none>"
+            rows = list(n["resources"].items()) or [("-", None)]
+            for i, (res, v) in enumerate(rows):
+                first = i == 0
+                cap = alloc = used = ""
+                if v:
+                    cap, alloc, used = str(v["capacity"]), str(v["allocatable"]), str(v["allocated"])
+                lines.append(
+                    f"{n['name'] if first else '':<14} {('yes' if n['ready'] else 'no') if first else '':<6} "
+                    f"{(n['gpuModel'] or '-') if first else '':<26} {res:<24} {cap:>4} {alloc:>6} {used:>5}  "
+                    f"{taints if first else ''}")
+    return "\n".join(lines)
