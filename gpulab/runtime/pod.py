@@ -156,6 +156,7 @@ class PodWorker(threading.Thread):
             self._cleanup()
             return True
         if self.terminal:
+            self._push()
             return False
         now = time.time()
         if self.start_time is None:
@@ -167,6 +168,7 @@ class PodWorker(threading.Thread):
         if deadline is not None and now - self.start_time > float(deadline):
             self._kill_all(grace=0)
             self._fail("DeadlineExceeded", "Pod was active on the node longer than the specified deadline")
+            self._push()
             return False
         if not self.initialized:
             self._run_init(now)

@@ -36,7 +36,7 @@ class ProbeState:
         return DEFAULTS[key] if value is None else int(value)
 
 
-def describe(kind: str, spec: dict[str, Any]) -> str:
+def describe(kind: str) -> str:
     """The probe's kind as the kubelet names it in events (e.g. 'Startup')."""
     return {"startupProbe": "Startup", "livenessProbe": "Liveness", "readinessProbe": "Readiness"}[kind]
 

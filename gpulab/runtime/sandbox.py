@@ -61,6 +61,7 @@ class SandboxSpec:
             "argv": self.argv,
             "env": self.env,
             "rootfs": str(self.rootfs),
+            "scratch": str(self.rootfs.parent),
             "workdir": self.workdir,
             "hostname": self.hostname,
             "mounts": [dataclasses.asdict(m) for m in self.mounts],

@@ -58,6 +58,28 @@ def _bind(source: str, target: str, read_only: bool) -> None:
         _mount(source, target, None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
 
 
+def _layer(lower: str, target: str, scratch: str) -> None:
+    """A writable copy-on-write view of ``lower`` at ``target``; the host's files stay untouched."""
+    upper, work = os.path.join(scratch, "upper"), os.path.join(scratch, "work")
+    os.makedirs(upper, exist_ok=True)
+    os.makedirs(work, exist_ok=True)
+    os.makedirs(target, exist_ok=True)
+    try:
+        _mount("overlay", target, "overlay", 0, f"lowerdir={lower},upperdir={upper},workdir={work}")
+        return
+    except OSError:
+        pass
+    # No overlayfs (older kernels in a user namespace): a tmpfs holding a
+    # bind of each entry of the host directory.
+    _mount("tmpfs", target, "tmpfs", MS_NOSUID, "mode=755")
+    for entry in os.listdir(lower):
+        src = os.path.join(lower, entry)
+        if os.path.islink(src):
+            os.symlink(os.readlink(src), os.path.join(target, entry))
+        else:
+            _bind(src, os.path.join(target, entry), read_only=True)
+
+
 def _inside(root: str, path: str) -> str:
     return os.path.join(root, path.lstrip("/"))
 
@@ -69,9 +91,16 @@ def build_root(spec: dict) -> None:
     # The root itself must be a mount point for the binds below to be
     # independent of the host's mount tree.
     _mount(root, root, None, MS_BIND | MS_REC)
+    targets = [m["container_path"] for m in spec.get("mounts", []) + spec.get("devices", [])]
     for d in SYSTEM_DIRS:
         if os.path.isdir(d) and not os.path.islink(d):
-            _bind(d, _inside(root, d), read_only=True)
+            if any(t.startswith(d + "/") for t in targets):
+                # A volume goes inside a system directory (say /etc/config):
+                # it needs a mount point there, which the read-only host
+                # directory cannot take; give the container a layer of its own.
+                _layer(d, _inside(root, d), os.path.join(spec["scratch"], "layers", d.strip("/")))
+            else:
+                _bind(d, _inside(root, d), read_only=True)
         elif os.path.islink(d):
             link = _inside(root, d)
             if not os.path.lexists(link):

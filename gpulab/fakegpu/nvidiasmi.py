@@ -1,0 +1,1462 @@
+"""A fake ``nvidia-smi`` that prints what the real one prints.
+
+Runs inside simulated pods, so it is standard library only and imports
+nothing from gpulab at module level: ``python3 -m gpulab.fakegpu.nvidiasmi``
+and ``python3 /path/to/nvidiasmi.py`` both work with any Python 3.9+.
+Everything it shows comes from a JSON state file written by the runtime
+(:func:`build_state` + :func:`write_state`):
+
+``GPULAB_NVIDIA_SMI_STATE``
+    path of the state file. Missing variable or file: the container has no
+    driver, and nvidia-smi fails as it does then (exit 9).
+``NVIDIA_VISIBLE_DEVICES``
+    which devices the container sees, as the NVIDIA container runtime reads
+    it: ``all``; ``none`` (driver present, no GPU: "No devices were
+    found", exit 6); ``void``, empty or unset (no injection at all: exit 9);
+    or a comma list of GPU UUIDs, MIG UUIDs, GPU indices (``0``), MIG
+    indices (``0:1``) or device-plugin replica IDs (``GPU-…::2``). Visible
+    devices are renumbered from 0, as inside a real container.
+
+State file schema (``"schema": "gpulab.nvidia-smi/v1"``); every field but
+``gpus[].name`` and ``gpus[].uuid`` has a default::
+
+    {
+      "schema": "gpulab.nvidia-smi/v1",
+      "driver_version": "580.159.04",       # also NVML version (first 2 parts)
+      "cuda_version": "13.0",               # CUDA version the driver supports
+      "timestamp": null,                    # fixed epoch seconds, or null = now
+      "fault": null,                        # see FAULTS
+      "gpus": [{
+        "index": 0, "minor_number": 0,
+        "name": "NVIDIA H200", "brand": "NVIDIA", "architecture": "Hopper",
+        "uuid": "GPU-…", "serial": "…", "vbios_version": "…",
+        "bus_id": "00000000:18:00.0", "module_id": 1 | null,
+        "pci_device_id": "0x233510DE", "pci_subsystem_id": "0x18BF10DE",
+        "pcie_gen": 5, "pcie_width": 16,
+        "compute_cap": "9.0",
+        "memory_total_mib": 143771, "memory_reserved_mib": 616, "memory_used_mib": 0,
+        "bar1_total_mib": 262144, "bar1_used_mib": 1,
+        "utilization_gpu": 0, "utilization_memory": 0,
+        "temperature_gpu": 38, "temperature_memory": 39 | null,
+        "temperature_shutdown": 92, "temperature_slowdown": 89, "temperature_max_operating": 87,
+        "power_draw_w": 118.0, "power_limit_w": 700.0, "power_default_limit_w": 700.0,
+        "power_min_limit_w": 200.0, "power_max_limit_w": 700.0,
+        "pstate": "P0", "fan_speed": null, "persistence_mode": true,
+        "display_active": false, "ecc_enabled": true, "compute_mode": "Default",
+        "clocks": {"graphics": 405, "sm": 405, "memory": 3201, "video": 765},
+        "max_clocks": {"graphics": 1980, "sm": 1980, "memory": 3201, "video": 1545},
+        "fabric": {"state": "N/A", "status": "N/A"},
+        "mig_capable": true, "mig_mode": "Disabled" | "Enabled", "mig_mode_pending": null,
+        "mig_profiles": [{"name": "1g.18gb", "id": 19, "g": 1, "mem_slices": 1,
+                          "instances": 7, "memory_mib": 16384, "sm": 16, "ce": 1,
+                          "dec": 1, "enc": 0, "jpeg": 1, "ofa": 0,
+                          "placements": [0, 1, 2, 3, 4, 5, 6]}],
+        "mig_devices": [{"index": 0, "gi_id": 7, "ci_id": 0, "profile": "1g.18gb",
+                         "uuid": "MIG-…", "start": 0, "mem_slices": 1,
+                         "memory_total_mib": 16384, "memory_used_mib": 0,
+                         "bar1_total_mib": 32767, "bar1_used_mib": 0,
+                         "sm": 16, "ce": 1, "enc": 0, "dec": 1, "ofa": 0, "jpg": 1}],
+        "processes": [{"pid": 4242, "type": "C", "name": "python3",
+                       "used_memory_mib": 1024, "gi_id": null, "ci_id": null}]
+      }]
+    }
+
+CUDA programs do not run nvidia-smi, but the chapter's troubleshooting
+lessons need their error strings; :data:`CUDA_ERRORS` and
+:func:`cuda_error` say which one a simulated CUDA program would hit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+STATE_ENV = "GPULAB_NVIDIA_SMI_STATE"
+VISIBLE_ENV = "NVIDIA_VISIBLE_DEVICES"
+STATE_SCHEMA = "gpulab.nvidia-smi/v1"
+
+# Exit codes documented in nvidia-smi(1).
+EXIT_OK = 0
+EXIT_INVALID_ARGUMENT = 2
+EXIT_NOT_SUPPORTED = 3
+EXIT_NOT_FOUND = 6
+EXIT_DRIVER_NOT_LOADED = 9
+EXIT_UNKNOWN = 255
+
+MSG_NO_DEVICES = "No devices were found"
+MSG_NO_DRIVER = (
+    "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
+    "Make sure that the latest NVIDIA driver is installed and running."
+)
+MSG_INVALID_ARGS = "Invalid combination of input arguments. Please run 'nvidia-smi -h' for help."
+MSG_NO_MIG = "No MIG-supported devices found."
+
+# --------------------------------------------------------------------------
+# Faults and the CUDA errors they cause
+
+#: nvidia-smi cannot reach the driver (module not loaded, no device nodes).
+FAULT_DRIVER_UNREACHABLE = "driver-unreachable"
+#: Driver loaded but no GPU attached to this container/host.
+FAULT_NO_DEVICES = "no-devices"
+#: NVSwitch system whose nvidia-fabricmanager is not running: nvidia-smi
+#: works, ``-q`` shows Fabric State "In Progress", CUDA init fails.
+FAULT_FABRIC_MANAGER_DOWN = "fabric-manager-down"
+#: The driver is older than the CUDA runtime of the program (set
+#: ``cuda_version`` below what the image was built for to show it).
+FAULT_CUDA_DRIVER_TOO_OLD = "cuda-driver-too-old"
+
+FAULTS = (FAULT_DRIVER_UNREACHABLE, FAULT_NO_DEVICES, FAULT_FABRIC_MANAGER_DOWN, FAULT_CUDA_DRIVER_TOO_OLD)
+
+
+class CudaError:
+    """A CUDA runtime error as ``cudaGetErrorString`` prints it."""
+
+    __slots__ = ("code", "name", "message")
+
+    def __init__(self, code: int, name: str, message: str):
+        self.code = code
+        self.name = name
+        self.message = message
+
+    def __repr__(self) -> str:
+        return f"CudaError({self.code}, {self.name!r}, {self.message!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, CudaError) and (self.code, self.name) == (other.code, other.name)
+
+    def __hash__(self) -> int:
+        return hash((self.code, self.name))
+
+
+CUDA_ERROR_INSUFFICIENT_DRIVER = CudaError(
+    35, "cudaErrorInsufficientDriver", "CUDA driver version is insufficient for CUDA runtime version"
+)
+CUDA_ERROR_NO_DEVICE = CudaError(100, "cudaErrorNoDevice", "no CUDA-capable device is detected")
+CUDA_ERROR_SYSTEM_NOT_READY = CudaError(802, "cudaErrorSystemNotReady", "system not yet initialized")
+
+#: By name, for lookups from tests and lessons.
+CUDA_ERRORS = {
+    e.name: e for e in (CUDA_ERROR_INSUFFICIENT_DRIVER, CUDA_ERROR_NO_DEVICE, CUDA_ERROR_SYSTEM_NOT_READY)
+}
+
+#: Which CUDA error each fault makes a CUDA program report.
+FAULT_CUDA_ERRORS = {
+    FAULT_DRIVER_UNREACHABLE: CUDA_ERROR_INSUFFICIENT_DRIVER,  # no usable libcuda at all
+    FAULT_NO_DEVICES: CUDA_ERROR_NO_DEVICE,
+    FAULT_FABRIC_MANAGER_DOWN: CUDA_ERROR_SYSTEM_NOT_READY,
+    FAULT_CUDA_DRIVER_TOO_OLD: CUDA_ERROR_INSUFFICIENT_DRIVER,
+}
+
+
+class StateError(Exception):
+    """The state file exists but cannot be used."""
+
+
+# --------------------------------------------------------------------------
+# State
+
+
+def read_state(path: str) -> dict:
+    """Load and minimally check a state file. Raises OSError / StateError.
+
+    Besides the native schema it accepts the per-allocation file the gpulab
+    device plugin writes (``{"allocationID", "visibleDevices", "devices":
+    [<inventory info>]}``) when each ``info`` is a GPU entry of this schema
+    (``NodeResources.to_inventory`` makes them so): the GPUs are the distinct
+    entries, the versions come from the document or its first GPU.
+    """
+    with open(path, encoding="utf-8") as fh:
+        try:
+            state = json.load(fh)
+        except ValueError as exc:
+            raise StateError(f"{path}: not valid JSON: {exc}") from exc
+    if not isinstance(state, dict):
+        raise StateError(f"{path}: top level must be an object")
+    if "gpus" not in state and isinstance(state.get("devices"), list):
+        state = _from_allocation(state, path)
+    schema = state.get("schema", STATE_SCHEMA)
+    if schema != STATE_SCHEMA:
+        raise StateError(f"{path}: schema {schema!r} is not {STATE_SCHEMA!r}")
+    gpus = state.get("gpus", [])
+    if not isinstance(gpus, list):
+        raise StateError(f"{path}: 'gpus' must be a list")
+    for i, gpu in enumerate(gpus):
+        if not isinstance(gpu, dict) or not gpu.get("uuid") or not gpu.get("name"):
+            raise StateError(f"{path}: gpus[{i}] needs at least 'name' and 'uuid'")
+    fault = state.get("fault")
+    if fault is not None and fault not in FAULTS:
+        raise StateError(f"{path}: unknown fault {fault!r}; allowed: {', '.join(FAULTS)}")
+    return state
+
+
+def _from_allocation(doc: dict, path: str) -> dict:
+    gpus: dict = {}
+    for i, info in enumerate(doc["devices"]):
+        if not isinstance(info, dict) or not info.get("name") or not str(info.get("uuid", "")).startswith("GPU-"):
+            raise StateError(
+                f"{path}: devices[{i}] is not a GPU entry of the {STATE_SCHEMA} schema "
+                "(build the device plugin inventory with NodeResources.to_inventory(state))"
+            )
+        gpus.setdefault(info["uuid"], info)
+    first = next(iter(gpus.values()), {})
+    state = {"schema": STATE_SCHEMA, "gpus": list(gpus.values())}
+    for key, default in (("driver_version", None), ("cuda_version", None), ("fault", None), ("timestamp", None)):
+        value = doc.get(key, first.get(key, default))
+        if value is not None:
+            state[key] = value
+    return state
+
+
+def write_state(path: str, state: dict) -> None:
+    """Write a state file atomically (readers never see half a file)."""
+    directory = os.path.dirname(os.path.abspath(path))
+    tmp = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}.tmp")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump(state, fh, indent=2, sort_keys=True)
+        fh.write("\n")
+    os.replace(tmp, path)
+
+
+def build_state(
+    model,
+    gpu_count: int,
+    node_name: str,
+    *,
+    mig_layout=None,
+    driver_version: str | None = None,
+    cuda_version: str | None = None,
+    fault: str | None = None,
+    timestamp: float | None = None,
+) -> dict:
+    """A state dict for ``gpu_count`` idle GPUs of ``model`` on ``node_name``.
+
+    UUIDs, bus ids and MIG UUIDs are the ones the device plugin advertises
+    (``gpulab.fakegpu.config.advertised_resources``), so a pod's
+    ``NVIDIA_VISIBLE_DEVICES`` resolves here. Needs the gpulab package (it
+    imports the models lazily, keeping the command itself stdlib-only).
+    """
+    from gpulab.fakegpu.config import resolve_mig_layout
+    from gpulab.fakegpu.gfd import CUDA_DRIVER_VERSION, DRIVER_VERSION
+    from gpulab.fakegpu.models import get_model, gpu_uuid, mig_uuid, pci_bus_id
+
+    if fault is not None and fault not in FAULTS:
+        raise ValueError(f"unknown fault {fault!r}; allowed: {', '.join(FAULTS)}")
+    model = get_model(model)
+    layout = resolve_mig_layout(model, mig_layout)
+    gpus = []
+    for i in range(gpu_count):
+        uuid = gpu_uuid(node_name, i)
+        mig_devices = []
+        if layout.mig_enabled:
+            for j, s in enumerate(layout.slices):
+                p = s.profile
+                mig_devices.append({
+                    "index": j, "gi_id": s.gi_id, "ci_id": s.ci_id, "profile": p.name,
+                    "uuid": mig_uuid(uuid, s.gi_id, s.ci_id), "start": s.start, "mem_slices": p.memory_slices,
+                    "memory_total_mib": p.memory_mib, "memory_used_mib": 0,
+                    "bar1_total_mib": p.bar1_mib, "bar1_used_mib": 0,
+                    "sm": p.multiprocessors, "ce": p.copy_engines, "enc": p.encoders,
+                    "dec": p.decoders, "ofa": p.ofa, "jpg": p.jpeg,
+                })
+        fabric = {"state": "N/A", "status": "N/A"}
+        if model.nvswitch and model.family == "hopper":
+            # Hopper HGX boards report fabric registration; A100 and PCIe don't.
+            fabric = {"state": "Completed", "status": "Success"}
+        if fault == FAULT_FABRIC_MANAGER_DOWN and model.nvswitch:
+            fabric = {"state": "In Progress", "status": "N/A"}
+        gpus.append({
+            "index": i,
+            "minor_number": i,
+            "name": model.product_name,
+            "brand": model.brand,
+            "architecture": model.architecture,
+            "uuid": uuid,
+            "serial": str(int(uuid[4:].replace("-", ""), 16))[:13],
+            "vbios_version": model.vbios_version,
+            "bus_id": pci_bus_id(i),
+            "module_id": i + 1 if model.form_factor == "sxm" else None,
+            "pci_device_id": model.pci.device_id,
+            "pci_subsystem_id": model.pci.subsystem_id,
+            "pcie_gen": model.pci.gen,
+            "pcie_width": model.pci.width,
+            "compute_cap": model.compute_capability,
+            "memory_total_mib": model.memory_mib,
+            "memory_reserved_mib": model.memory_reserved_mib,
+            "memory_used_mib": 0,
+            "bar1_total_mib": model.bar1_mib,
+            "bar1_used_mib": 1,
+            "utilization_gpu": 0,
+            "utilization_memory": 0,
+            "temperature_gpu": model.temperature.idle_c,
+            "temperature_memory": model.temperature.memory_idle_c,
+            "temperature_shutdown": model.temperature.shutdown_c,
+            "temperature_slowdown": model.temperature.slowdown_c,
+            "temperature_max_operating": model.temperature.max_operating_c,
+            "power_draw_w": model.power.idle_w,
+            "power_limit_w": model.power.limit_w,
+            "power_default_limit_w": model.power.limit_w,
+            "power_min_limit_w": model.power.min_w,
+            "power_max_limit_w": model.power.max_w,
+            "pstate": "P0",
+            "fan_speed": None,
+            "persistence_mode": True,
+            "display_active": False,
+            "ecc_enabled": True,
+            "compute_mode": "Default",
+            "clocks": _clock_dict(model.idle_clocks),
+            "max_clocks": _clock_dict(model.max_clocks),
+            "fabric": fabric,
+            "mig_capable": model.mig_capable,
+            "mig_mode": ("Enabled" if layout.mig_enabled else "Disabled") if model.mig_capable else None,
+            "mig_mode_pending": None,
+            "mig_profiles": [
+                {
+                    "name": p.name, "id": p.gi_profile_id, "g": p.compute_slices, "mem_slices": p.memory_slices,
+                    "instances": p.max_instances, "memory_mib": p.memory_mib, "sm": p.multiprocessors,
+                    "ce": p.copy_engines, "dec": p.decoders, "enc": p.encoders, "jpeg": p.jpeg, "ofa": p.ofa,
+                    "placements": list(p.placements),
+                }
+                for p in model.mig_profiles
+            ],
+            "mig_devices": mig_devices,
+            "processes": [],
+        })
+    return {
+        "schema": STATE_SCHEMA,
+        "driver_version": driver_version or DRIVER_VERSION,
+        "cuda_version": cuda_version or CUDA_DRIVER_VERSION,
+        "timestamp": timestamp,
+        "fault": fault,
+        "node": node_name,
+        "gpus": gpus,
+    }
+
+
+def _clock_dict(clocks) -> dict:
+    return {"graphics": clocks.graphics, "sm": clocks.sm, "memory": clocks.memory, "video": clocks.video}
+
+
+# --------------------------------------------------------------------------
+# Visibility
+
+
+class _View:
+    """A GPU as the container sees it: renumbered, with its visible MIG devices."""
+
+    __slots__ = ("gpu", "index", "migs")
+
+    def __init__(self, gpu: dict, index: int, migs: list):
+        self.gpu = gpu
+        self.index = index
+        self.migs = migs
+
+    def get(self, key: str, default=None):
+        value = self.gpu.get(key, default)
+        return default if value is None else value
+
+    @property
+    def mig_enabled(self) -> bool:
+        return self.gpu.get("mig_mode") == "Enabled"
+
+
+NO_DRIVER = "no-driver"
+NO_DEVICES = "no-devices"
+
+
+def select_visible(state: dict | None, env_value: str | None) -> tuple[str | None, list[_View]]:
+    """Apply ``NVIDIA_VISIBLE_DEVICES`` to the state.
+
+    Returns ``(problem, views)`` where problem is None, ``"no-driver"`` or
+    ``"no-devices"``. Unknown entries are ignored (the real runtime refuses
+    to start such a container; the pod would never get here).
+    """
+    if state is None:
+        return NO_DRIVER, []
+    fault = state.get("fault")
+    if fault == FAULT_DRIVER_UNREACHABLE:
+        return NO_DRIVER, []
+    value = (env_value or "").strip()
+    if value in ("", "void"):
+        return NO_DRIVER, []
+    gpus = sorted(state.get("gpus", []), key=lambda g: g.get("index", 0))
+    if value == "none" or fault == FAULT_NO_DEVICES or not gpus:
+        return NO_DEVICES, []
+
+    picked: dict[int, set | None] = {}  # host position -> MIG indices (None = all)
+    if value == "all":
+        picked = {pos: None for pos in range(len(gpus))}
+    else:
+        by_uuid = {g["uuid"]: pos for pos, g in enumerate(gpus)}
+        by_index = {str(g.get("index", pos)): pos for pos, g in enumerate(gpus)}
+        mig_by_uuid = {}
+        for pos, g in enumerate(gpus):
+            for m in g.get("mig_devices") or []:
+                mig_by_uuid[m.get("uuid")] = (pos, m.get("index", 0))
+        for entry in value.split(","):
+            entry = entry.strip().split("::", 1)[0]
+            if not entry:
+                continue
+            if entry in by_uuid or entry in by_index:
+                pos = by_uuid.get(entry, by_index.get(entry))
+                picked[pos] = None
+            elif entry in mig_by_uuid:
+                pos, mig_index = mig_by_uuid[entry]
+                if pos not in picked or picked[pos] is not None:
+                    picked.setdefault(pos, set()).add(mig_index)
+            elif ":" in entry:
+                gpu_part, _, mig_part = entry.partition(":")
+                if gpu_part in by_index and mig_part.isdigit():
+                    pos = by_index[gpu_part]
+                    if pos not in picked or picked[pos] is not None:
+                        picked.setdefault(pos, set()).add(int(mig_part))
+    views = []
+    for new_index, pos in enumerate(sorted(picked)):
+        gpu = gpus[pos]
+        wanted = picked[pos]
+        migs = [m for m in gpu.get("mig_devices") or [] if wanted is None or m.get("index", 0) in wanted]
+        migs.sort(key=lambda m: m.get("gi_id", 0))
+        views.append(_View(gpu, new_index, migs))
+    if not views:
+        return NO_DEVICES, []
+    return None, views
+
+
+def _version_tuple(text: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in str(text).split(".") if p.isdigit())
+
+
+def cuda_error(state: dict | None, env_value: str | None, runtime_version: str | None = None) -> CudaError | None:
+    """The error a CUDA program (built for ``runtime_version``) would get.
+
+    None means CUDA initialises fine. The runtime uses this to make
+    simulated CUDA workloads fail the way the chapter describes.
+    """
+    problem, views = select_visible(state, env_value)
+    if problem == NO_DRIVER:
+        return CUDA_ERROR_INSUFFICIENT_DRIVER
+    if problem == NO_DEVICES:
+        return CUDA_ERROR_NO_DEVICE
+    fault = state.get("fault") if state else None
+    if fault in FAULT_CUDA_ERRORS:
+        return FAULT_CUDA_ERRORS[fault]
+    if runtime_version and _version_tuple(runtime_version) > _version_tuple(state.get("cuda_version", "0")):
+        return CUDA_ERROR_INSUFFICIENT_DRIVER
+    if views and all(v.mig_enabled and not v.migs for v in views):
+        # A MIG-enabled GPU without instances has nothing to run on.
+        return CUDA_ERROR_NO_DEVICE
+    return None
+
+
+# --------------------------------------------------------------------------
+# Formatting helpers
+
+_DAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
+_MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
+
+
+def _now(state: dict | None) -> float:
+    ts = (state or {}).get("timestamp")
+    return float(ts) if isinstance(ts, (int, float)) else time.time()
+
+
+def _ctime(ts: float) -> str:
+    """``Wed Dec  2 10:23:02 2026`` (C locale, like the real tool)."""
+    t = time.localtime(ts)
+    return (f"{_DAYS[t.tm_wday]} {_MONTHS[t.tm_mon - 1]} {t.tm_mday:>2} "
+            f"{t.tm_hour:02}:{t.tm_min:02}:{t.tm_sec:02} {t.tm_year}")
+
+
+def _int(value, default: int = 0) -> int:
+    try:
+        return int(round(float(value)))
+    except (TypeError, ValueError):
+        return default
+
+
+def _fit(text: str, width: int) -> str:
+    """Left-justify, truncating long names the way nvidia-smi does."""
+    if len(text) <= width:
+        return text.ljust(width)
+    return (text[: width - 4] + " ...").ljust(width)
+
+
+# --------------------------------------------------------------------------
+# The default view: the box table
+
+_COLS = (41, 24, 22)
+_WIDTH = 89
+_MIG_COLS = (18, 34, 11, 23)
+
+
+def _rule(widths=(_WIDTH,), ch: str = "-", edge: str = "+", join: str = "+") -> str:
+    return edge + join.join(ch * w for w in widths) + edge
+
+
+def _row(*cells: str) -> str:
+    return "|" + "|".join(cells) + "|"
+
+
+def _full(text: str) -> str:
+    return "|" + text.ljust(_WIDTH) + "|"
+
+
+def _gpu_rows(v: _View) -> list[str]:
+    g = v.gpu
+    persistence = "On" if v.get("persistence_mode", True) else "Off"
+    name = _fit(str(g["name"]), 27)
+    c1 = f"{v.index:>4}  {name}    {persistence:<3} "
+    disp = "On" if v.get("display_active", False) else "Off"
+    c2 = f"   {v.get('bus_id', '00000000:00:00.0')} {disp:>3} "
+    if v.mig_enabled:
+        ecc = "On"
+    elif g.get("ecc_enabled") is None:
+        ecc = "N/A"
+    else:
+        ecc = "0" if g.get("ecc_enabled") else "Off"
+    c3 = f"{ecc:>21} "
+
+    fan = "N/A" if g.get("fan_speed") is None else f"{_int(g['fan_speed'])}%"
+    left = f" {fan:>3}  {_int(v.get('temperature_gpu', 0)):>3}C    {v.get('pstate', 'P0')}"
+    power = f"{_int(v.get('power_draw_w', 0))}W / " + f"{_int(v.get('power_limit_w', 0))}W".rjust(5) + " "
+    d1 = left + power.rjust(41 - len(left))
+    if v.mig_enabled:
+        d2 = f"{'N/A':>21}   "
+        util = "N/A"
+    else:
+        d2 = f"{_int(v.get('memory_used_mib', 0))}MiB / {_int(v.get('memory_total_mib', 0)):>6}MiB ".rjust(24)
+        util = f"{_int(v.get('utilization_gpu', 0))}%"
+    d3 = f"{util:>8}{v.get('compute_mode', 'Default'):>13} "
+
+    mig_mode = v.get("mig_mode") or "N/A"
+    return [_row(c1, c2, c3), _row(d1, d2, d3), _row(" " * 41, " " * 24, f"{mig_mode:>21} ")]
+
+
+def _mig_table(views: list[_View]) -> list[str]:
+    out = [
+        _rule(),
+        _full(" MIG devices:"),
+        _rule(_MIG_COLS),
+        _row(" GPU  GI  CI  MIG ", "                     Memory-Usage ", "        Vol", "        Shared         "),
+        _row("      ID  ID  Dev ", "                       BAR1-Usage ", " SM     Unc", " CE ENC  DEC  OFA  JPG "),
+        _row(" " * 18, " " * 34, "        ECC", " " * 23),
+        _rule(_MIG_COLS, "=", "|", "+"),
+    ]
+    rows = []
+    for v in views:
+        if not v.mig_enabled:
+            continue
+        for dev_index, m in enumerate(v.migs):
+            used = _int(m.get("memory_used_mib", 0))
+            total = _int(m.get("memory_total_mib", 0))
+            bar_used = _int(m.get("bar1_used_mib", 0))
+            bar_total = _int(m.get("bar1_total_mib", 0))
+            rows.append(_row(
+                f"{v.index:>3}{_int(m.get('gi_id', 0)):>5}{_int(m.get('ci_id', 0)):>4}{dev_index:>4}  ",
+                f"{used}MiB / {total:>5}MiB    ".rjust(34),
+                f" {_int(m.get('sm', 0)):<3}{0:>6} ",
+                f"{_int(m.get('ce', 0)):>3}{_int(m.get('enc', 0)):>4}{_int(m.get('dec', 0)):>5}"
+                f"{_int(m.get('ofa', 0)):>5}{_int(m.get('jpg', 0)):>5} ",
+            ))
+            rows.append(_row(" " * 18, f"{bar_used}MiB / {bar_total:>5}MiB  ".rjust(34), " " * 11, " " * 23))
+            rows.append(_rule(_MIG_COLS))
+    if rows:
+        out += rows
+    else:
+        out += [_full("  No MIG devices found"), _rule()]
+    return out
+
+
+def _process_rows(views: list[_View]) -> list[str]:
+    rows = []
+    for v in views:
+        visible_gis = {m.get("gi_id") for m in v.migs}
+        for p in v.gpu.get("processes") or []:
+            gi, ci = p.get("gi_id"), p.get("ci_id")
+            if v.mig_enabled and gi is not None and gi not in visible_gis:
+                continue  # a process in a MIG instance this container cannot see
+            name = str(p.get("name", ""))
+            if len(name) > 35:
+                name = "..." + name[-32:]
+            rows.append(
+                "|" + f"{v.index:>5}" + "   "
+                + ("N/A" if gi is None else f"{_int(gi):>2} ") + "  "
+                + ("N/A" if ci is None else f"{_int(ci):>2} ")
+                + f"{_int(p.get('pid', 0)):>16}" + f"{str(p.get('type', 'C')):>7}" + "   "
+                + name.ljust(35) + " " + f"{_int(p.get('used_memory_mib', 0))}MiB".rjust(10) + " |"
+            )
+    return rows
+
+
+def render_table(state: dict, views: list[_View]) -> str:
+    """The output of plain ``nvidia-smi``."""
+    driver = str(state.get("driver_version", ""))
+    cuda = str(state.get("cuda_version", ""))
+    lines = [
+        _ctime(_now(state)) + "       ",
+        _rule(),
+        "| " + f"NVIDIA-SMI {driver:<23}" + f"Driver Version: {driver:<15}" + f"CUDA Version: {cuda:<9}" + "|",
+        _rule(_COLS),
+        _row(" GPU  Name                 Persistence-M ", " Bus-Id          Disp.A ", " Volatile Uncorr. ECC "),
+        _row(" Fan  Temp   Perf          Pwr:Usage/Cap ", "           Memory-Usage ", " GPU-Util  Compute M. "),
+        _row(" " * 41, " " * 24, "               MIG M. "),
+        _rule(_COLS, "=", "|", "+"),
+    ]
+    for v in views:
+        lines += _gpu_rows(v)
+        lines.append(_rule(_COLS))
+    lines.append("")
+    if any(v.mig_enabled for v in views):
+        lines += _mig_table(views)
+        lines.append("")
+    lines += [
+        _rule(),
+        _full(" Processes:"),
+        _full("  GPU   GI   CI              PID   Type   Process name                        GPU Memory "),
+        _full("        ID   ID                                                               Usage      "),
+        _rule(ch="=", edge="|"),
+    ]
+    procs = _process_rows(views)
+    lines += procs or [_full("  No running processes found")]
+    lines.append(_rule())
+    return "\n".join(lines) + "\n"
+
+
+# --------------------------------------------------------------------------
+# -L
+
+
+def render_list(views: list[_View]) -> str:
+    lines = []
+    for v in views:
+        lines.append(f"GPU {v.index}: {v.gpu['name']} (UUID: {v.gpu['uuid']})")
+        if v.mig_enabled:
+            for dev_index, m in enumerate(v.migs):
+                lines.append(f"  MIG {str(m.get('profile', '')):<11} Device {dev_index:>2}: (UUID: {m.get('uuid')})")
+    return "\n".join(lines) + "\n"
+
+
+# --------------------------------------------------------------------------
+# --query-gpu
+
+_NA = "[N/A]"
+
+
+def _mib(value) -> tuple[str, str]:
+    return (str(_int(value)), "MiB") if value is not None else (_NA, "")
+
+
+def _watts(value) -> tuple[str, str]:
+    return (f"{float(value):.2f}", "W") if value is not None else (_NA, "")
+
+
+def _mhz(value) -> tuple[str, str]:
+    return (str(_int(value)), "MHz") if value is not None else (_NA, "")
+
+
+def _enabled(flag) -> str:
+    return "Enabled" if flag else "Disabled"
+
+
+def _q_mem_used(v: _View) -> tuple[str, str]:
+    return (_NA, "") if v.mig_enabled else _mib(v.get("memory_used_mib", 0))
+
+
+def _q_mem_free(v: _View) -> tuple[str, str]:
+    if v.mig_enabled:
+        return _NA, ""
+    free = _int(v.get("memory_total_mib", 0)) - _int(v.get("memory_reserved_mib", 0)) - _int(v.get("memory_used_mib", 0))
+    return _mib(max(free, 0))
+
+
+def _q_util(key: str):
+    def get(v: _View) -> tuple[str, str]:
+        if v.mig_enabled:
+            return _NA, ""
+        return str(_int(v.get(key, 0))), "%"
+    return get
+
+
+def _q_clock(group: str, key: str):
+    return lambda v: _mhz((v.get(group) or {}).get(key))
+
+
+def _q_mig_mode(key: str):
+    def get(v: _View) -> tuple[str, str]:
+        mode = v.gpu.get(key) or (v.gpu.get("mig_mode") if key == "mig_mode_pending" else None)
+        return (mode, "") if mode else (_NA, "")
+    return get
+
+
+def _q_pci_part(index: int):
+    def get(v: _View) -> tuple[str, str]:
+        bus = str(v.get("bus_id", "00000000:00:00.0"))
+        domain, _, rest = bus.partition(":")
+        bus_no, _, dev = rest.partition(":")
+        parts = (domain[-4:], bus_no, dev.split(".")[0])
+        return "0x" + parts[index].upper(), ""
+    return get
+
+
+# field -> (header unit, getter). Getters return (value, unit).
+_QUERY_FIELDS: dict[str, tuple[str, object]] = {
+    "timestamp": ("", None),  # filled in by render_query (needs the clock)
+    "driver_version": ("", None),
+    "count": ("", None),
+    "name": ("", lambda v: (str(v.gpu["name"]), "")),
+    "serial": ("", lambda v: (str(v.get("serial", _NA)), "")),
+    "uuid": ("", lambda v: (str(v.gpu["uuid"]), "")),
+    "index": ("", lambda v: (str(v.index), "")),
+    "pci.bus_id": ("", lambda v: (str(v.get("bus_id", _NA)), "")),
+    "pci.domain": ("", _q_pci_part(0)),
+    "pci.bus": ("", _q_pci_part(1)),
+    "pci.device": ("", _q_pci_part(2)),
+    "pci.device_id": ("", lambda v: (str(v.get("pci_device_id", _NA)), "")),
+    "pci.sub_device_id": ("", lambda v: (str(v.get("pci_subsystem_id", _NA)), "")),
+    "pcie.link.gen.current": ("", lambda v: (str(v.get("pcie_gen", _NA)), "")),
+    "pcie.link.gen.max": ("", lambda v: (str(v.get("pcie_gen", _NA)), "")),
+    "pcie.link.width.current": ("", lambda v: (str(v.get("pcie_width", _NA)), "")),
+    "pcie.link.width.max": ("", lambda v: (str(v.get("pcie_width", _NA)), "")),
+    "vbios_version": ("", lambda v: (str(v.get("vbios_version", _NA)), "")),
+    "persistence_mode": ("", lambda v: (_enabled(v.get("persistence_mode", True)), "")),
+    "display_active": ("", lambda v: (_enabled(v.get("display_active", False)), "")),
+    "display_mode": ("", lambda v: ("Requested functionality has been deprecated", "")),
+    "compute_mode": ("", lambda v: (str(v.get("compute_mode", "Default")), "")),
+    "compute_cap": ("", lambda v: (str(v.get("compute_cap", _NA)), "")),
+    "pstate": ("", lambda v: (str(v.get("pstate", "P0")), "")),
+    "fan.speed": ("%", lambda v: (_NA, "") if v.gpu.get("fan_speed") is None else (str(_int(v.gpu["fan_speed"])), "%")),
+    "memory.total": ("MiB", lambda v: _mib(v.get("memory_total_mib", 0))),
+    "memory.reserved": ("MiB", lambda v: _mib(v.get("memory_reserved_mib", 0))),
+    "memory.used": ("MiB", _q_mem_used),
+    "memory.free": ("MiB", _q_mem_free),
+    "utilization.gpu": ("%", _q_util("utilization_gpu")),
+    "utilization.memory": ("%", _q_util("utilization_memory")),
+    "temperature.gpu": ("", lambda v: (str(_int(v.get("temperature_gpu", 0))), "")),
+    "temperature.memory": ("", lambda v: (_NA, "") if v.gpu.get("temperature_memory") is None
+                           else (str(_int(v.gpu["temperature_memory"])), "")),
+    "power.draw": ("W", lambda v: _watts(v.get("power_draw_w", 0))),
+    "power.draw.average": ("W", lambda v: _watts(v.get("power_draw_w", 0))),
+    "power.draw.instant": ("W", lambda v: _watts(v.get("power_draw_w", 0))),
+    "power.limit": ("W", lambda v: _watts(v.get("power_limit_w", 0))),
+    "enforced.power.limit": ("W", lambda v: _watts(v.get("power_limit_w", 0))),
+    "power.default_limit": ("W", lambda v: _watts(v.get("power_default_limit_w", v.get("power_limit_w", 0)))),
+    "power.min_limit": ("W", lambda v: _watts(v.get("power_min_limit_w"))),
+    "power.max_limit": ("W", lambda v: _watts(v.get("power_max_limit_w", v.get("power_limit_w", 0)))),
+    "clocks.current.graphics": ("MHz", _q_clock("clocks", "graphics")),
+    "clocks.current.sm": ("MHz", _q_clock("clocks", "sm")),
+    "clocks.current.memory": ("MHz", _q_clock("clocks", "memory")),
+    "clocks.current.video": ("MHz", _q_clock("clocks", "video")),
+    "clocks.max.graphics": ("MHz", _q_clock("max_clocks", "graphics")),
+    "clocks.max.sm": ("MHz", _q_clock("max_clocks", "sm")),
+    "clocks.max.memory": ("MHz", _q_clock("max_clocks", "memory")),
+    "ecc.mode.current": ("", lambda v: (_enabled(v.get("ecc_enabled", True)), "")),
+    "ecc.mode.pending": ("", lambda v: (_enabled(v.get("ecc_enabled", True)), "")),
+    "mig.mode.current": ("", _q_mig_mode("mig_mode")),
+    "mig.mode.pending": ("", _q_mig_mode("mig_mode_pending")),
+}
+_QUERY_ALIASES = {
+    "gpu_name": "name",
+    "gpu_serial": "serial",
+    "gpu_uuid": "uuid",
+    "gpu_bus_id": "pci.bus_id",
+    "pci.sub_device_id": "pci.sub_device_id",
+    "clocks.gr": "clocks.current.graphics",
+    "clocks.sm": "clocks.current.sm",
+    "clocks.mem": "clocks.current.memory",
+    "clocks.video": "clocks.current.video",
+    "clocks.max.gr": "clocks.max.graphics",
+    "clocks.max.mem": "clocks.max.memory",
+    "temperature.gpu.tlimit": "temperature.gpu",
+}
+
+
+def _query_timestamp(ts: float) -> str:
+    t = time.localtime(ts)
+    return (f"{t.tm_year}/{t.tm_mon:02}/{t.tm_mday:02} {t.tm_hour:02}:{t.tm_min:02}:{t.tm_sec:02}."
+            f"{int((ts % 1) * 1000):03}")
+
+
+class UsageError(Exception):
+    """Bad command line: message to print, exit code."""
+
+    def __init__(self, message: str, code: int = EXIT_INVALID_ARGUMENT):
+        super().__init__(message)
+        self.code = code
+
+
+def parse_format(spec: str) -> tuple[bool, bool]:
+    """``csv[,noheader][,nounits]`` → (header, units)."""
+    parts = [p.strip() for p in spec.split(",") if p.strip()]
+    if not parts or parts[0] != "csv" or any(p not in ("noheader", "nounits") for p in parts[1:]):
+        raise UsageError(f'"{spec}" is not a valid format. Valid formats are: csv, noheader, nounits.')
+    return "noheader" not in parts, "nounits" not in parts
+
+
+def render_query(state: dict, views: list[_View], fields: list[str], header: bool, units: bool) -> str:
+    """``--query-gpu=<fields> --format=csv[,noheader][,nounits]``."""
+    resolved = []
+    for f in fields:
+        key = _QUERY_ALIASES.get(f, f)
+        if key not in _QUERY_FIELDS:
+            raise UsageError(f'Field "{f}" is not a valid field to query.\n')
+        resolved.append((f, key))
+    lines = []
+    if header:
+        cols = []
+        for f, key in resolved:
+            unit = _QUERY_FIELDS[key][0]
+            cols.append(f"{f} [{unit}]" if unit and units else f)
+        lines.append(", ".join(cols))
+    now = _now(state)
+    for v in views:
+        values = []
+        for _f, key in resolved:
+            if key == "timestamp":
+                values.append(_query_timestamp(now))
+                continue
+            if key == "driver_version":
+                values.append(str(state.get("driver_version", _NA)))
+                continue
+            if key == "count":
+                values.append(str(len(views)))
+                continue
+            value, unit = _QUERY_FIELDS[key][1](v)
+            values.append(f"{value} {unit}" if unit and units and value != _NA else value)
+        lines.append(", ".join(values))
+    return "\n".join(lines) + "\n"
+
+
+# --------------------------------------------------------------------------
+# -q
+
+_KEY_WIDTH = 55
+
+
+class _Q:
+    """Builds ``nvidia-smi -q`` lines: ``key : value`` with the colon at 55."""
+
+    def __init__(self, sections: set | None):
+        self.lines: list[str] = []
+        self.sections = sections
+        self.on = True
+
+    def section(self, tag: str | None) -> None:
+        # With -d only the named sections print; untagged parts are hidden.
+        self.on = self.sections is None or tag in self.sections
+
+    def kv(self, depth: int, key: str, value) -> None:
+        if self.on:
+            self.lines.append(("    " * depth + key).ljust(_KEY_WIDTH) + ": " + str(value))
+
+    def head(self, depth: int, title: str) -> None:
+        if self.on:
+            self.lines.append("    " * depth + title)
+
+
+def _na(value, unit: str = "") -> str:
+    if value is None:
+        return "N/A"
+    return f"{value} {unit}".rstrip()
+
+
+def _q_gpu(q: _Q, state: dict, v: _View) -> None:
+    g = v.gpu
+    mig_mode = g.get("mig_mode")
+    q.lines.append(f"GPU {v.get('bus_id', '00000000:00:00.0')}")
+    q.section(None)
+    q.kv(1, "Product Name", g["name"])
+    q.kv(1, "Product Brand", v.get("brand", "NVIDIA"))
+    q.kv(1, "Product Architecture", v.get("architecture", "N/A"))
+    q.kv(1, "Display Mode", "Requested functionality has been deprecated")
+    q.kv(1, "Display Attached", "No")
+    q.kv(1, "Display Active", _enabled(v.get("display_active", False)))
+    q.kv(1, "Persistence Mode", _enabled(v.get("persistence_mode", True)))
+    q.kv(1, "Addressing Mode", "None")
+    q.head(1, "MIG Mode")
+    q.kv(2, "Current", mig_mode or "N/A")
+    q.kv(2, "Pending", g.get("mig_mode_pending") or mig_mode or "N/A")
+    if mig_mode == "Enabled":
+        q.head(1, "MIG Devices")
+        for dev_index, m in enumerate(v.migs):
+            q.head(2, "MIG Device")
+            q.kv(3, "Index", dev_index)
+            q.kv(3, "GPU Instance ID", _int(m.get("gi_id", 0)))
+            q.kv(3, "Compute Instance ID", _int(m.get("ci_id", 0)))
+            q.head(3, "Device Attributes")
+            q.head(4, "Shared")
+            q.kv(5, "Multiprocessor count", _int(m.get("sm", 0)))
+            q.kv(5, "Copy Engine count", _int(m.get("ce", 0)))
+            q.kv(5, "Encoder count", _int(m.get("enc", 0)))
+            q.kv(5, "Decoder count", _int(m.get("dec", 0)))
+            q.kv(5, "OFA count", _int(m.get("ofa", 0)))
+            q.kv(5, "JPG count", _int(m.get("jpg", 0)))
+            q.head(3, "ECC Errors")
+            q.head(4, "Volatile")
+            q.kv(5, "SRAM Uncorrectable", 0)
+            used, total = _int(m.get("memory_used_mib", 0)), _int(m.get("memory_total_mib", 0))
+            q.head(3, "FB Memory Usage")
+            q.kv(4, "Total", f"{total} MiB")
+            q.kv(4, "Reserved", "0 MiB")
+            q.kv(4, "Used", f"{used} MiB")
+            q.kv(4, "Free", f"{max(total - used, 0)} MiB")
+            bused, btotal = _int(m.get("bar1_used_mib", 0)), _int(m.get("bar1_total_mib", 0))
+            q.head(3, "BAR1 Memory Usage")
+            q.kv(4, "Total", f"{btotal} MiB")
+            q.kv(4, "Used", f"{bused} MiB")
+            q.kv(4, "Free", f"{max(btotal - bused, 0)} MiB")
+    q.kv(1, "Accounting Mode", "Disabled")
+    q.kv(1, "Accounting Mode Buffer Size", 4000)
+    q.head(1, "Driver Model")
+    q.kv(2, "Current", "N/A")
+    q.kv(2, "Pending", "N/A")
+    q.kv(1, "Serial Number", v.get("serial", "N/A"))
+    q.kv(1, "GPU UUID", g["uuid"])
+    q.kv(1, "GPU PDI", v.get("pdi", "0x" + g["uuid"][4:12].lower().rjust(16, "0")))
+    q.kv(1, "Minor Number", v.get("minor_number", v.index))
+    q.kv(1, "VBIOS Version", v.get("vbios_version", "N/A"))
+    q.kv(1, "MultiGPU Board", "No")
+    bus = str(v.get("bus_id", "00000000:00:00.0"))
+    domain, _, rest = bus.partition(":")
+    bus_no, _, dev = rest.partition(":")
+    dev_no = dev.split(".")[0]
+    q.kv(1, "Board ID", f"0x{(int(bus_no or '0', 16) << 8) | int(dev_no or '0', 16):x}")
+    q.kv(1, "Board Part Number", v.get("board_part_number", "N/A"))
+    q.kv(1, "GPU Part Number", v.get("gpu_part_number", "N/A"))
+    q.kv(1, "FRU Part Number", "N/A")
+    q.head(1, "Platform Info")
+    for key in ("Chassis Serial Number", "Slot Number", "Tray Index", "Host ID", "Peer Type"):
+        q.kv(2, key, "N/A")
+    q.kv(2, "Module Id", _na(g.get("module_id")))
+    q.kv(2, "GPU Fabric GUID", "N/A")
+    q.head(1, "Inforom Version")
+    q.kv(2, "Image Version", v.get("inforom_image", "N/A"))
+    q.kv(2, "OEM Object", "2.1")
+    q.kv(2, "ECC Object", "7.16")
+    q.kv(2, "Power Management Object", "N/A")
+    q.head(1, "Inforom BBX Object Flush")
+    q.kv(2, "Latest Timestamp", "N/A")
+    q.kv(2, "Latest Duration", "N/A")
+    q.head(1, "GPU Operation Mode")
+    q.kv(2, "Current", "N/A")
+    q.kv(2, "Pending", "N/A")
+    q.kv(1, "GPU C2C Mode", "Disabled")
+    q.head(1, "GPU Virtualization Mode")
+    q.kv(2, "Virtualization Mode", "None")
+    q.kv(2, "Host VGPU Mode", "N/A")
+    q.kv(2, "vGPU Heterogeneous Mode", "N/A")
+    q.kv(1, "GPU Recovery Action", "None")
+    q.kv(1, "GSP Firmware Version", state.get("driver_version", "N/A"))
+    q.head(1, "IBMNPU")
+    q.kv(2, "Relaxed Ordering Mode", "N/A")
+
+    q.head(1, "PCI")
+    q.kv(2, "Bus", f"0x{bus_no.upper()}")
+    q.kv(2, "Device", f"0x{dev_no.upper()}")
+    q.kv(2, "Domain", f"0x{domain[-4:].upper()}")
+    q.kv(2, "Base Classcode", "0x3")
+    q.kv(2, "Sub Classcode", "0x2")
+    q.kv(2, "Device Id", v.get("pci_device_id", "N/A"))
+    q.kv(2, "Bus Id", bus)
+    q.kv(2, "Sub System Id", v.get("pci_subsystem_id", "N/A"))
+    q.head(2, "GPU Link Info")
+    q.head(3, "PCIe Generation")
+    gen = v.get("pcie_gen", "N/A")
+    for key in ("Max", "Current", "Device Current", "Device Max"):
+        q.kv(4, key, gen)
+    q.kv(4, "Host Max", "N/A")
+    q.head(3, "Link Width")
+    width = v.get("pcie_width")
+    q.kv(4, "Max", f"{width}x" if width else "N/A")
+    q.kv(4, "Current", f"{width}x" if width else "N/A")
+    q.head(2, "Bridge Chip")
+    q.kv(3, "Type", "N/A")
+    q.kv(3, "Firmware", "N/A")
+    q.kv(2, "Replays Since Reset", 0)
+    q.kv(2, "Replay Number Rollovers", 0)
+    q.kv(2, "Tx Throughput", "0 KB/s")
+    q.kv(2, "Rx Throughput", "0 KB/s")
+    q.kv(2, "Atomic Caps Outbound", "N/A")
+    q.kv(2, "Atomic Caps Inbound", "N/A")
+    q.kv(1, "Fan Speed", "N/A" if g.get("fan_speed") is None else f"{_int(g['fan_speed'])} %")
+
+    q.section("PERFORMANCE")
+    q.kv(1, "Performance State", v.get("pstate", "P0"))
+    q.head(1, "Clocks Event Reasons")
+    busy = _int(v.get("utilization_gpu", 0)) > 0
+    q.kv(2, "Idle", "Not Active" if busy else "Active")
+    for key in ("Applications Clocks Setting", "SW Power Cap", "HW Slowdown"):
+        q.kv(2, key, "Not Active")
+    q.kv(3, "HW Thermal Slowdown", "Not Active")
+    q.kv(3, "HW Power Brake Slowdown", "Not Active")
+    for key in ("Sync Boost", "SW Thermal Slowdown", "Display Clock Setting"):
+        q.kv(2, key, "Not Active")
+    q.head(1, "Clocks Event Reasons Counters")
+    for key in ("SW Power Capping", "Sync Boost", "SW Thermal Slowdown", "HW Thermal Slowdown", "HW Power Braking"):
+        q.kv(2, key, "0 us")
+    q.section(None)
+    q.kv(1, "Sparse Operation Mode", "Disabled")
+
+    q.section("MEMORY")
+    total = _int(v.get("memory_total_mib", 0))
+    reserved = _int(v.get("memory_reserved_mib", 0))
+    used = sum(_int(m.get("memory_used_mib", 0)) for m in v.migs) if v.mig_enabled \
+        else _int(v.get("memory_used_mib", 0))
+    q.head(1, "FB Memory Usage")
+    q.kv(2, "Total", f"{total} MiB")
+    q.kv(2, "Reserved", f"{reserved} MiB")
+    q.kv(2, "Used", f"{used} MiB")
+    q.kv(2, "Free", f"{max(total - reserved - used, 0)} MiB")
+    btotal, bused = _int(v.get("bar1_total_mib", 0)), _int(v.get("bar1_used_mib", 0))
+    q.head(1, "BAR1 Memory Usage")
+    q.kv(2, "Total", f"{btotal} MiB")
+    q.kv(2, "Used", f"{bused} MiB")
+    q.kv(2, "Free", f"{max(btotal - bused, 0)} MiB")
+    q.head(1, "Conf Compute Protected Memory Usage")
+    for key in ("Total", "Used", "Free"):
+        q.kv(2, key, "0 MiB")
+
+    q.section("COMPUTE")
+    q.kv(1, "Compute Mode", v.get("compute_mode", "Default"))
+
+    q.section("UTILIZATION")
+    q.head(1, "Utilization")
+    if v.mig_enabled:
+        for key in ("GPU", "Memory", "Encoder", "Decoder", "JPEG", "OFA"):
+            q.kv(2, key, "N/A")
+    else:
+        q.kv(2, "GPU", f"{_int(v.get('utilization_gpu', 0))} %")
+        q.kv(2, "Memory", f"{_int(v.get('utilization_memory', 0))} %")
+        for key in ("Encoder", "Decoder", "JPEG", "OFA"):
+            q.kv(2, key, "0 %")
+    for title in ("Encoder Stats", "FBC Stats"):
+        q.head(1, title)
+        q.kv(2, "Active Sessions", 0)
+        q.kv(2, "Average FPS", 0)
+        q.kv(2, "Average Latency", 0)
+    q.section(None)
+    q.head(1, "DRAM Encryption Mode")
+    q.kv(2, "Current", "N/A")
+    q.kv(2, "Pending", "N/A")
+
+    q.section("ECC")
+    ecc = _enabled(v.get("ecc_enabled", True))
+    q.head(1, "ECC Mode")
+    q.kv(2, "Current", ecc)
+    q.kv(2, "Pending", ecc)
+    q.head(1, "ECC Errors")
+    for title in ("Volatile", "Aggregate"):
+        q.head(2, title)
+        for key in ("SRAM Correctable", "SRAM Uncorrectable Parity", "SRAM Uncorrectable SEC-DED",
+                    "DRAM Correctable", "DRAM Uncorrectable"):
+            q.kv(3, key, 0)
+    q.kv(3, "SRAM Threshold Exceeded", "No")
+    q.head(2, "Aggregate Uncorrectable SRAM Sources")
+    for key in ("SRAM L2", "SRAM SM", "SRAM Microcontroller", "SRAM PCIE", "SRAM Other"):
+        q.kv(3, key, 0)
+    q.kv(2, "Channel Repair Pending", "No")
+    q.kv(2, "TPC Repair Pending", "No")
+    q.kv(2, "Unrepairable Memory", "No")
+    q.section("PAGE_RETIREMENT")
+    q.head(1, "Retired Pages")
+    for key in ("Single Bit ECC", "Double Bit ECC", "Pending Page Blacklist"):
+        q.kv(2, key, "N/A")
+    q.head(1, "Remapped Rows")
+    for key in ("Correctable Error", "Inactive Correctable Error", "Uncorrectable Error",
+                "Inactive Uncorrectable Error"):
+        q.kv(2, key, 0)
+    q.kv(2, "Pending", "No")
+    q.kv(2, "Remapping Failure Occurred", "No")
+    q.head(2, "Bank Remap Availability Histogram")
+    q.kv(3, "Max", "3072 bank(s)")
+    for key in ("High", "Partial", "Low", "None"):
+        q.kv(3, key, "0 bank(s)")
+
+    q.section("TEMPERATURE")
+    q.head(1, "Temperature")
+    q.kv(2, "GPU Current Temp", f"{_int(v.get('temperature_gpu', 0))} C")
+    # Driver 580 reports thresholds relative to the max operating temperature
+    # ("T.Limit"): headroom now, and where slowdown/shutdown sit below it.
+    limit = g.get("temperature_max_operating")
+    cur = _int(v.get("temperature_gpu", 0))
+    rel = (lambda t: "N/A" if limit is None or t is None else f"{_int(limit) - _int(t)} C")
+    q.kv(2, "GPU T.Limit Temp", rel(cur))
+    q.kv(2, "GPU Shutdown T.Limit Temp", rel(g.get("temperature_shutdown")))
+    q.kv(2, "GPU Slowdown T.Limit Temp", rel(g.get("temperature_slowdown")))
+    q.kv(2, "GPU Max Operating T.Limit Temp", rel(limit))
+    q.kv(2, "GPU Target Temperature", "N/A")
+    q.kv(2, "Memory Current Temp", _na(g.get("temperature_memory"), "C"))
+    q.kv(2, "Memory Max Operating T.Limit Temp", "N/A" if g.get("temperature_memory") is None else "0 C")
+
+    q.section("POWER")
+    draw = v.get("power_draw_w", 0)
+    q.head(1, "GPU Power Readings")
+    q.kv(2, "Average Power Draw", f"{float(draw):.2f} W")
+    q.kv(2, "Instantaneous Power Draw", f"{float(draw):.2f} W")
+    q.kv(2, "Current Power Limit", _watts(v.get("power_limit_w"))[0] + " W")
+    q.kv(2, "Requested Power Limit", _watts(v.get("power_limit_w"))[0] + " W")
+    q.kv(2, "Default Power Limit", _watts(v.get("power_default_limit_w", v.get("power_limit_w")))[0] + " W")
+    q.kv(2, "Min Power Limit", _watts(v.get("power_min_limit_w", 0))[0] + " W")
+    q.kv(2, "Max Power Limit", _watts(v.get("power_max_limit_w", v.get("power_limit_w")))[0] + " W")
+    q.head(1, "GPU Memory Power Readings ")  # sic: the real tool prints a trailing blank
+    q.kv(2, "Average Power Draw", "N/A")
+    q.kv(2, "Instantaneous Power Draw", "N/A")
+    q.head(1, "Module Power Readings")
+    for key in ("Average Power Draw", "Instantaneous Power Draw", "Current Power Limit", "Requested Power Limit",
+                "Default Power Limit", "Min Power Limit", "Max Power Limit"):
+        q.kv(2, key, "N/A")
+    q.kv(1, "Power Smoothing", "N/A")
+    q.head(1, "Workload Power Profiles")
+    q.kv(2, "Requested Profiles", "N/A")
+    q.kv(2, "Enforced Profiles", "N/A")
+
+    q.section("CLOCK")
+    clocks = v.get("clocks") or {}
+    maxc = v.get("max_clocks") or {}
+    q.head(1, "Clocks")
+    for key, name in (("graphics", "Graphics"), ("sm", "SM"), ("memory", "Memory"), ("video", "Video")):
+        q.kv(2, name, _na(clocks.get(key), "MHz"))
+    for title in ("Applications Clocks", "Default Applications Clocks"):
+        q.head(1, title)
+        q.kv(2, "Graphics", _na(maxc.get("graphics"), "MHz"))
+        q.kv(2, "Memory", _na(maxc.get("memory"), "MHz"))
+    q.head(1, "Deferred Clocks")
+    q.kv(2, "Memory", "N/A")
+    q.head(1, "Max Clocks")
+    for key, name in (("graphics", "Graphics"), ("sm", "SM"), ("memory", "Memory"), ("video", "Video")):
+        q.kv(2, name, _na(maxc.get(key), "MHz"))
+    q.head(1, "Max Customer Boost Clocks")
+    q.kv(2, "Graphics", _na(maxc.get("graphics"), "MHz"))
+    q.head(1, "Clock Policy")
+    q.kv(2, "Auto Boost", "N/A")
+    q.kv(2, "Auto Boost Default", "N/A")
+
+    q.section(None)
+    fabric = v.get("fabric") or {}
+    q.head(1, "Fabric")
+    q.kv(2, "State", fabric.get("state", "N/A"))
+    q.kv(2, "Status", fabric.get("status", "N/A"))
+    q.kv(2, "CliqueId", fabric.get("clique_id", "N/A"))
+    q.kv(2, "ClusterUUID", fabric.get("cluster_uuid", "N/A"))
+    q.head(2, "Health")
+    for key in ("Summary", "Bandwidth", "Route Recovery in progress", "Route Unhealthy",
+                "Access Timeout Recovery", "Incorrect Configuration", "Partition Assigned"):
+        q.kv(3, key, "N/A")
+
+    q.section("PIDS")
+    procs = [p for p in (g.get("processes") or [])
+             if not v.mig_enabled or p.get("gi_id") is None or p.get("gi_id") in {m.get("gi_id") for m in v.migs}]
+    if not procs:
+        q.kv(1, "Processes", "None")
+    else:
+        q.head(1, "Processes")
+        for p in procs:
+            q.kv(2, "GPU instance ID", _na(p.get("gi_id")))
+            q.kv(2, "Compute instance ID", _na(p.get("ci_id")))
+            q.kv(2, "Process ID", _int(p.get("pid", 0)))
+            q.kv(2, "Type", p.get("type", "C"))
+            q.kv(2, "Name", p.get("name", ""))
+            q.kv(2, "Used GPU Memory", f"{_int(p.get('used_memory_mib', 0))} MiB")
+    q.section(None)
+    q.head(1, "Capabilities")
+    q.kv(2, "EGM", "disabled")
+
+
+_DISPLAY_SECTIONS = {
+    "MEMORY", "UTILIZATION", "ECC", "TEMPERATURE", "POWER", "CLOCK", "COMPUTE", "PIDS", "PERFORMANCE",
+    "PAGE_RETIREMENT",
+}
+
+
+def render_q(state: dict, views: list[_View], sections: set | None = None) -> str:
+    """``nvidia-smi -q`` (optionally ``-d SECTION[,SECTION]``)."""
+    q = _Q(sections)
+    q.lines += [
+        "",
+        "==============NVSMI LOG==============",
+        "",
+    ]
+    q.kv(0, "Timestamp", _ctime(_now(state)))
+    q.kv(0, "Driver Version", state.get("driver_version", "N/A"))
+    q.kv(0, "CUDA Version", state.get("cuda_version", "N/A"))
+    q.lines.append("")
+    q.kv(0, "Attached GPUs", len(views))
+    for i, v in enumerate(views):
+        if i:
+            q.lines.append("")
+        _q_gpu(q, state, v)
+    q.lines.append("")
+    return "\n".join(q.lines) + "\n"
+
+
+# --------------------------------------------------------------------------
+# mig -lgip
+
+
+def _free_instances(profile: dict, v: _View) -> int:
+    """How many more instances of ``profile`` fit next to the existing ones."""
+    used = [False] * 8
+    compute = 0
+    same = 0
+    for m in v.gpu.get("mig_devices") or []:  # occupancy is physical: all devices
+        start, size = _int(m.get("start", 0)), _int(m.get("mem_slices", 1))
+        for i in range(start, min(start + size, 8)):
+            used[i] = True
+        compute += _int(str(m.get("profile", "0g"))[0], 0)
+        same += m.get("profile") == profile.get("name")
+    size = _int(profile.get("mem_slices", 1), 1)
+    free = 0
+    for start in profile.get("placements") or []:
+        span = range(start, start + size)
+        if same + free >= _int(profile.get("instances", 0)) or compute + _int(profile.get("g", 1)) > 7:
+            break
+        if all(not used[i] for i in span if i < 8):
+            for i in span:
+                used[i] = True
+            compute += _int(profile.get("g", 1))
+            free += 1
+    return free
+
+
+def render_lgip(views: list[_View]) -> str:
+    lines = [
+        "+" + "-" * 79 + "+",
+        "| GPU instance profiles:".ljust(80) + "|",
+        "| GPU   Name               ID    Instances   Memory     P2P    SM    DEC   ENC  |",
+        "|                                Free/Total   GiB              CE    JPEG  OFA  |",
+        "|" + "=" * 79 + "|",
+    ]
+    for v in views:
+        for p in v.gpu.get("mig_profiles") or []:
+            total = _int(p.get("instances", 0))
+            free = _free_instances(p, v) if v.mig_enabled else total
+            gib = f"{_int(p.get('memory_mib', 0)) / 1024:.2f}"
+            lines.append(
+                "|" + f"{v.index:>4}" + "  MIG " + f"{p.get('name', ''):<15}" + f"{_int(p.get('id', 0)):>3}"
+                + " " * 5 + f"{free}/{total}".ljust(11) + gib.ljust(11) + "No".ljust(7)
+                + f"{_int(p.get('sm', 0)):<6}" + f"{_int(p.get('dec', 0)):>2}" + " " * 4
+                + f"{_int(p.get('enc', 0)):>2}" + " " * 3 + "|"
+            )
+            lines.append(
+                "|" + " " * 62 + f"{_int(p.get('ce', 0)):>2}" + " " * 4 + f"{_int(p.get('jpeg', 0)):>2}"
+                + " " * 4 + f"{_int(p.get('ofa', 0)):>2}" + " " * 3 + "|"
+            )
+            lines.append("+" + "-" * 79 + "+")
+    return "\n".join(lines) + "\n"
+
+
+# --------------------------------------------------------------------------
+# CLI
+
+HELP = """NVIDIA System Management Interface -- v{version}
+
+gpulab simulation: prints the simulated GPUs of this node, as the real
+nvidia-smi would. Supported options:
+
+    nvidia-smi                      table of GPUs, MIG devices and processes
+    -h,   --help                    this help
+          --version                 driver, NVML and CUDA versions
+    -L,   --list-gpus               one line per GPU (and MIG device)
+    -q,   --query                   detailed report
+    -d,   --display=                with -q: MEMORY, UTILIZATION, ECC, TEMPERATURE,
+                                    POWER, CLOCK, COMPUTE, PIDS, PERFORMANCE
+    -i,   --id=                     only this GPU (index, UUID or PCI bus id)
+    -l,   --loop=SEC                repeat every SEC seconds (Ctrl+C stops)
+          --query-gpu=FIELDS        comma list, e.g. name,memory.total,utilization.gpu
+          --format=csv[,noheader][,nounits]
+    mig -lgip                       GPU instance profiles
+"""
+
+
+def _version_text(state: dict) -> str:
+    driver = str(state.get("driver_version", "N/A"))
+    nvml = ".".join(driver.split(".")[:2])
+    return (f"NVIDIA-SMI version  : {driver}\n"
+            f"NVML version        : {nvml}\n"
+            f"DRIVER version      : {driver}\n"
+            f"CUDA Version        : {state.get('cuda_version', 'N/A')}\n")
+
+
+class _Args:
+    __slots__ = ("mode", "query_fields", "fmt", "ids", "loop", "display")
+
+    def __init__(self):
+        self.mode = "table"
+        self.query_fields: list[str] | None = None
+        self.fmt: str | None = None
+        self.ids: list[str] | None = None
+        self.loop: float | None = None
+        self.display: set | None = None
+
+
+def _parse_args(argv: list[str]) -> _Args:
+    args = _Args()
+    i = 0
+
+    def value_of(inline: str | None) -> str:
+        nonlocal i
+        if inline is not None:
+            return inline
+        i += 1
+        if i >= len(argv):
+            raise UsageError(MSG_INVALID_ARGS)
+        return argv[i]
+
+    if argv[:1] == ["mig"]:
+        rest = argv[1:]
+        if rest in (["-lgip"], ["--list-gpu-instance-profiles"]):
+            args.mode = "lgip"
+            return args
+        if rest and rest[0] in ("-i", "--id") and len(rest) == 3 and rest[2] == "-lgip":
+            args.mode, args.ids = "lgip", rest[1].split(",")
+            return args
+        raise UsageError(MSG_INVALID_ARGS)
+    while i < len(argv):
+        arg = argv[i]
+        name, eq, inline = arg.partition("=")
+        inline_value = inline if eq else None
+        if arg in ("-h", "--help"):
+            args.mode = "help"
+        elif arg == "--version":
+            args.mode = "version"
+        elif arg in ("-L", "--list-gpus"):
+            args.mode = "list"
+        elif arg in ("-q", "--query"):
+            args.mode = "q"
+        elif name in ("-d", "--display"):
+            args.display = {s.strip().upper() for s in value_of(inline_value).split(",") if s.strip()}
+            unknown = args.display - _DISPLAY_SECTIONS
+            if unknown:
+                raise UsageError(MSG_INVALID_ARGS)
+        elif name in ("-i", "--id"):
+            args.ids = [s.strip() for s in value_of(inline_value).split(",") if s.strip()]
+        elif name in ("-l", "--loop"):
+            raw = value_of(inline_value)
+            try:
+                args.loop = float(raw)
+            except ValueError:
+                raise UsageError(MSG_INVALID_ARGS) from None
+            if args.loop <= 0:
+                raise UsageError(MSG_INVALID_ARGS)
+        elif name == "--query-gpu":
+            args.query_fields = [f.strip() for f in value_of(inline_value).split(",") if f.strip()]
+            args.mode = "query"
+        elif name == "--format":
+            args.fmt = value_of(inline_value)
+        else:
+            raise UsageError(MSG_INVALID_ARGS)
+        i += 1
+    if args.mode == "query" and not args.fmt:
+        raise UsageError('"--format" option is required with "--query-gpu". Try "--format=csv".')
+    if args.fmt and args.mode != "query":
+        raise UsageError(MSG_INVALID_ARGS)
+    if args.display is not None and args.mode != "q":
+        raise UsageError(MSG_INVALID_ARGS)
+    return args
+
+
+def _filter_ids(views: list[_View], ids: list[str] | None) -> list[_View]:
+    if not ids:
+        return views
+    out = []
+    for v in views:
+        bus = str(v.get("bus_id", "")).upper()
+        for want in ids:
+            w = want.upper()
+            if w == str(v.index) or want == v.gpu.get("uuid") or w == bus or (len(w) >= 7 and bus.endswith(w)):
+                out.append(v)
+                break
+    return out
+
+
+def _load(env) -> tuple[dict | None, str | None]:
+    """(state, problem message for stderr)."""
+    path = env.get(STATE_ENV)
+    if not path:
+        return None, None
+    try:
+        return read_state(path), None
+    except FileNotFoundError:
+        return None, None
+    except (OSError, StateError) as exc:
+        return None, f"gpulab: cannot read {STATE_ENV} state file: {exc}"
+
+
+def run(argv: list[str], env=None, out=None, err=None) -> int:
+    """Run once; returns the exit code. ``env``/``out``/``err`` for tests."""
+    env = os.environ if env is None else env
+    out = sys.stdout if out is None else out
+    err = sys.stderr if err is None else err
+    try:
+        args = _parse_args(list(argv))
+    except UsageError as exc:
+        out.write(str(exc).rstrip("\n") + "\n")
+        return exc.code
+
+    state, problem = _load(env)
+    if problem:
+        err.write(problem + "\n")
+        return EXIT_UNKNOWN
+    if args.mode == "help":
+        out.write(HELP.format(version=(state or {}).get("driver_version", "N/A")))
+        return EXIT_OK
+
+    while True:
+        status, views = select_visible(state, env.get(VISIBLE_ENV))
+        if status == NO_DRIVER:
+            out.write(MSG_NO_DRIVER + "\n")
+            return EXIT_DRIVER_NOT_LOADED
+        if args.mode == "version":
+            out.write(_version_text(state))
+            return EXIT_OK
+        if status == NO_DEVICES:
+            out.write(MSG_NO_DEVICES + "\n")
+            return EXIT_NOT_FOUND
+        views = _filter_ids(views, args.ids)
+        if not views:
+            out.write(MSG_NO_DEVICES + "\n")
+            return EXIT_NOT_FOUND
+        try:
+            if args.mode == "list":
+                out.write(render_list(views))
+            elif args.mode == "q":
+                out.write(render_q(state, views, args.display))
+            elif args.mode == "lgip":
+                mig_views = [v for v in views if v.gpu.get("mig_profiles")]
+                if not mig_views:
+                    out.write(MSG_NO_MIG + "\n")
+                    return EXIT_NOT_FOUND
+                out.write(render_lgip(mig_views))
+            elif args.mode == "query":
+                header, units = parse_format(args.fmt)
+                out.write(render_query(state, views, args.query_fields or [], header, units))
+            else:
+                out.write(render_table(state, views))
+        except UsageError as exc:
+            out.write(str(exc).rstrip("\n") + "\n\n")
+            return exc.code
+        if args.loop is None:
+            return EXIT_OK
+        out.flush()
+        try:
+            time.sleep(args.loop)
+        except KeyboardInterrupt:
+            return EXIT_OK
+        state, problem = _load(env)  # pick up utilisation changes between frames
+        if problem:
+            err.write(problem + "\n")
+            return EXIT_UNKNOWN
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: ``main(sys.argv[1:])``."""
+    try:
+        return run(sys.argv[1:] if argv is None else argv)
+    except KeyboardInterrupt:
+        return EXIT_OK
+    except BrokenPipeError:  # nvidia-smi | head
+        return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

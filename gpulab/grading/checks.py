@@ -1,0 +1,444 @@
+"""The check model: small pure functions over a :class:`Context`, with points.
+
+A lab's checks live in a module (``gpulab/grading/labs/lab_NN.py``)::
+
+    from gpulab.grading.checks import check, failed, passed, partial
+
+    @check("job-gpu-limit", points=2, title="训练 Job 申请了 1 张 GPU")
+    def job_gpu_limit(ctx):
+        job = ctx.object("Job", "gpu-train-demo")
+        if job is None:
+            return failed("命名空间里没有找到名为 gpu-train-demo 的 Job。")
+        ...
+        return passed()
+
+A check sees only plain data: the values the notebook recorded
+(``ctx.values``) and API objects captured from the submission's namespace
+(``ctx.objects("Pod")``), so it can be unit-tested with JSON fixtures and never
+talks to a cluster. It returns a :class:`CheckResult`: full, partial or no
+credit, and a zh-CN message that says what is wrong and hints at why — never
+the answer.
+
+Hidden checks are ordinary check modules kept outside the repository and
+loaded with :func:`load_hidden_checks`; learners only ever see
+"隐藏检查 N：未通过/通过", never their title, message or code.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import hashlib
+import importlib
+import importlib.util
+import math
+import re
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+_CHECK_ID_RE = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
+_MISSING = object()
+
+HIDDEN_PASSED = "隐藏检查通过。"
+HIDDEN_PARTIAL = "隐藏检查部分通过。"
+HIDDEN_FAILED = "隐藏检查未通过。"
+
+
+class CheckLoadError(Exception):
+    """Raised when a check module cannot be found, imported or is inconsistent."""
+
+
+# --------------------------------------------------------------------------- results
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """What a check returns: the fraction of its points earned and a learner-facing message."""
+
+    fraction: float
+    message: str = ""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.fraction, (int, float)) or isinstance(self.fraction, bool) \
+                or not math.isfinite(self.fraction) or not 0.0 <= self.fraction <= 1.0:
+            raise ValueError(f"CheckResult.fraction must be within [0, 1], got {self.fraction!r}")
+        if self.fraction < 1.0 and not self.message.strip():
+            raise ValueError("a check that withholds points must say why (message is empty)")
+
+    @property
+    def passed(self) -> bool:
+        return self.fraction >= 1.0
+
+
+def passed(message: str = "") -> CheckResult:
+    """Full credit."""
+    return CheckResult(1.0, message)
+
+
+def failed(message: str) -> CheckResult:
+    """No credit; ``message`` says what is wrong and hints at why."""
+    return CheckResult(0.0, message)
+
+
+def partial(fraction: float, message: str) -> CheckResult:
+    """Part of the points (``0 <= fraction <= 1``)."""
+    return CheckResult(float(fraction), message)
+
+
+def ratio(satisfied: int, total: int, problems: Sequence[str], ok_message: str = "") -> CheckResult:
+    """Credit for ``satisfied`` of ``total`` criteria; ``problems`` are joined into the message."""
+    if total <= 0:
+        raise ValueError("ratio() needs at least one criterion")
+    if satisfied >= total:
+        return passed(ok_message)
+    return CheckResult(max(0, satisfied) / total, "；".join(problems) if problems else "部分要求没有满足。")
+
+
+class MissingValue(KeyError):
+    """Raised by :meth:`Context.value` when the notebook did not record ``name``."""
+
+    def __init__(self, name: str):
+        super().__init__(name)
+        self.name = name
+        self.message = (f"没有找到笔记本记录的结果 `{name}`：确认笔记本运行到了调用 "
+                        f"`gpulab.grading.record(\"{name}\", …)` 的单元格，并且那之前没有出错。")
+
+
+class MissingObject(LookupError):
+    """Raised by :meth:`Context.require` when an API object is absent."""
+
+    def __init__(self, kind: str, name: str, namespace: str | None):
+        super().__init__(f"{kind}/{name}")
+        where = f"命名空间 {namespace} 里" if namespace else "集群里"
+        self.message = f"{where}没有找到 {kind} `{name}`：确认它是在这次运行里创建的，名字也和要求一致。"
+
+
+# --------------------------------------------------------------------------- context
+
+
+@dataclass
+class Context:
+    """Everything a check may look at, as plain data.
+
+    ``values``: name → JSON value recorded by the notebook with ``record()``.
+    ``resources``: kind → list of API objects (``kubectl get -o json`` items)
+    captured from the submission's namespace, plus any cluster-scoped kinds the
+    collector adds (``Node``, ``PriorityClass`` …).
+    """
+
+    values: Mapping[str, Any] = field(default_factory=dict)
+    resources: Mapping[str, Sequence[Mapping[str, Any]]] = field(default_factory=dict)
+    namespace: str | None = None
+    execution: Any = None
+
+    def __post_init__(self) -> None:
+        self._by_kind = {kind.lower(): list(objs) for kind, objs in self.resources.items()}
+
+    @classmethod
+    def from_objects(cls, objects: Iterable[Mapping[str, Any]], values: Mapping[str, Any] | None = None,
+                     namespace: str | None = None, execution: Any = None) -> "Context":
+        """Build a context from a flat list of objects (each with ``kind``)."""
+        return cls(values or {}, group_by_kind(objects), namespace, execution)
+
+    @property
+    def ran_to_completion(self) -> bool:
+        """True when the graded notebook executed without error (no execution → False)."""
+        return bool(getattr(self.execution, "ok", False))
+
+    def has(self, name: str) -> bool:
+        return name in self.values
+
+    def value(self, name: str, default: Any = _MISSING) -> Any:
+        """A recorded value (a deep copy); raises :class:`MissingValue` unless ``default`` is given."""
+        if name in self.values:
+            return copy.deepcopy(self.values[name])
+        if default is _MISSING:
+            raise MissingValue(name)
+        return default
+
+    def objects(self, kind: str, namespace: str | None = None,
+                labels: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
+        """Captured objects of ``kind`` (case-insensitive), optionally filtered; deep copies."""
+        found = []
+        for obj in self._by_kind.get(kind.lower(), []):
+            meta = obj.get("metadata") or {}
+            if namespace is not None and meta.get("namespace") != namespace:
+                continue
+            if labels and any((meta.get("labels") or {}).get(k) != v for k, v in labels.items()):
+                continue
+            found.append(copy.deepcopy(dict(obj)))
+        return found
+
+    def object(self, kind: str, name: str, namespace: str | None = None) -> dict[str, Any] | None:
+        """The object of ``kind`` called ``name``, or None."""
+        for obj in self.objects(kind, namespace):
+            if (obj.get("metadata") or {}).get("name") == name:
+                return obj
+        return None
+
+    def require(self, kind: str, name: str, namespace: str | None = None) -> dict[str, Any]:
+        """Like :meth:`object` but raises :class:`MissingObject` (reported to the learner) when absent."""
+        obj = self.object(kind, name, namespace)
+        if obj is None:
+            raise MissingObject(kind, name, namespace or self.namespace)
+        return obj
+
+
+def group_by_kind(objects: Iterable[Mapping[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """``[{"kind": "Pod", …}, …]`` or a ``kind: List`` → ``{"Pod": […]}``."""
+    grouped: dict[str, list[dict[str, Any]]] = {}
+    for obj in objects:
+        if obj.get("kind") == "List" or (obj.get("kind", "").endswith("List") and "items" in obj):
+            for kind, items in group_by_kind(obj.get("items") or []).items():
+                grouped.setdefault(kind, []).extend(items)
+            continue
+        kind = obj.get("kind")
+        if not kind:
+            raise ValueError(f"object without kind: {str(obj)[:120]}")
+        grouped.setdefault(kind, []).append(dict(obj))
+    return grouped
+
+
+# --------------------------------------------------------------------------- helpers for check authors
+
+
+def dig(obj: Any, *path: Any, default: Any = None) -> Any:
+    """``dig(job, "spec", "template", "spec", "containers", 0, "name")`` without KeyErrors."""
+    current = obj
+    for key in path:
+        try:
+            current = current[key]
+        except (KeyError, IndexError, TypeError):
+            return default
+        if current is None:
+            return default
+    return current
+
+
+def pod_spec(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """The pod spec inside a Pod, Job, CronJob or any workload with ``spec.template``."""
+    kind = obj.get("kind")
+    if kind == "Pod":
+        return dig(obj, "spec", default={})
+    if kind == "CronJob":
+        return dig(obj, "spec", "jobTemplate", "spec", "template", "spec", default={})
+    return dig(obj, "spec", "template", "spec", default={})
+
+
+def containers(obj: Mapping[str, Any], include_init: bool = False) -> list[dict[str, Any]]:
+    """Containers of a Pod or workload (optionally with initContainers first)."""
+    spec = pod_spec(obj)
+    found = list(spec.get("initContainers") or []) if include_init else []
+    return found + list(spec.get("containers") or [])
+
+
+def quantity_int(value: Any) -> int | None:
+    """``"2"`` or ``2`` → 2; anything that is not a whole number → None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float):
+        return int(value) if value.is_integer() else None
+    if isinstance(value, str) and re.fullmatch(r"\s*\d+\s*", value):
+        return int(value)
+    return None
+
+
+# --------------------------------------------------------------------------- checks and suites
+
+
+@dataclass(frozen=True)
+class Check:
+    """A registered check: ``func(ctx) -> CheckResult`` worth ``points``."""
+
+    id: str
+    points: float
+    func: Callable[[Context], CheckResult]
+    title: str = ""
+    hidden: bool = False
+
+    def __post_init__(self) -> None:
+        if not _CHECK_ID_RE.match(self.id):
+            raise ValueError(f"check id {self.id!r} must match {_CHECK_ID_RE.pattern}")
+        if not isinstance(self.points, (int, float)) or self.points <= 0:
+            raise ValueError(f"check {self.id!r}: points must be > 0, got {self.points!r}")
+
+    def __call__(self, ctx: Context) -> CheckResult:
+        return self.func(ctx)
+
+
+def check(id: str, points: float = 1, *, title: str = "", hidden: bool = False
+          ) -> Callable[[Callable[[Context], CheckResult]], Check]:
+    """Decorator turning ``func(ctx)`` into a :class:`Check` (collected from its module)."""
+
+    def register(func: Callable[[Context], CheckResult]) -> Check:
+        doc_title = (func.__doc__ or "").strip().splitlines()[0] if func.__doc__ else ""
+        return Check(id, float(points), func, title or doc_title or id, hidden)
+
+    return register
+
+
+@dataclass(frozen=True)
+class CheckOutcome:
+    """One check's result as reported: ``message`` is learner-facing; ``detail`` and ``error`` are not."""
+
+    check_id: str
+    label: str
+    points: float
+    earned: float
+    passed: bool
+    message: str
+    hidden: bool = False
+    detail: str = ""
+    error: str | None = None
+
+
+def _round(x: float) -> float:
+    return round(x + 0.0, 2)
+
+
+def run_check(chk: Check, ctx: Context, label: str | None = None) -> CheckOutcome:
+    """Run one check, turning exceptions and bad return values into a zero-point outcome."""
+    label = label or chk.title or chk.id
+    error = None
+    try:
+        result = chk(ctx)
+        if not isinstance(result, CheckResult):
+            raise TypeError(f"check {chk.id!r} returned {type(result).__name__}, expected CheckResult")
+    except (MissingValue, MissingObject) as exc:
+        result = CheckResult(0.0, exc.message)
+    except Exception as exc:  # noqa: BLE001 - a broken check must not abort grading
+        error = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+        tb = traceback.extract_tb(exc.__traceback__)
+        if tb:
+            error += f" (at {Path(tb[-1].filename).name}:{tb[-1].lineno})"
+        result = CheckResult(0.0, "这项检查没能完成：提交里缺少它需要的数据，或数据的格式不对。")
+    earned = _round(chk.points * result.fraction)
+    if chk.hidden:
+        message = HIDDEN_PASSED if result.passed else HIDDEN_PARTIAL if result.fraction > 0 else HIDDEN_FAILED
+    else:
+        message = result.message
+    return CheckOutcome(chk.id, label, chk.points, earned, result.passed, message, chk.hidden,
+                        detail=result.message, error=error)
+
+
+@dataclass(frozen=True)
+class CheckSuite:
+    """The ordered checks of one lab (visible first, then hidden)."""
+
+    lab: str
+    checks: tuple[Check, ...]
+
+    def __post_init__(self) -> None:
+        seen: set[str] = set()
+        for chk in self.checks:
+            if chk.id in seen:
+                raise CheckLoadError(f"lab {self.lab!r}: duplicate check id {chk.id!r}")
+            seen.add(chk.id)
+
+    @property
+    def max_points(self) -> float:
+        return _round(sum(c.points for c in self.checks))
+
+    def with_hidden(self, hidden: Iterable[Check]) -> "CheckSuite":
+        extra = tuple(dataclasses.replace(c, hidden=True) for c in hidden)
+        return CheckSuite(self.lab, self.checks + extra)
+
+    def labels(self) -> dict[str, str]:
+        """Learner-facing names; hidden checks are numbered, never named."""
+        names, n = {}, 0
+        for chk in self.checks:
+            if chk.hidden:
+                n += 1
+                names[chk.id] = f"隐藏检查 {n}"
+            else:
+                names[chk.id] = chk.title or chk.id
+        return names
+
+    def run(self, ctx: Context) -> list[CheckOutcome]:
+        labels = self.labels()
+        return [run_check(chk, ctx, labels[chk.id]) for chk in self.checks]
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def collect_checks(module: ModuleType) -> list[Check]:
+    """The :class:`Check` objects defined in ``module``, in definition order."""
+    return [obj for obj in vars(module).values() if isinstance(obj, Check)]
+
+
+def _lab_key(lab: str) -> str:
+    match = re.match(r"^(?:lab[_-]?)?(\d+)", lab)
+    return str(int(match.group(1))) if match else lab.strip().lower().replace("_", "-")
+
+
+def lab_module_name(lab: str) -> str:
+    """``"03"``, ``"03-scheduling"`` or ``"lab_03"`` → ``gpulab.grading.labs.lab_03``."""
+    match = re.match(r"^(?:lab[_-]?)?(\d+)", lab)
+    if match:
+        return f"gpulab.grading.labs.lab_{int(match.group(1)):02d}"
+    return f"gpulab.grading.labs.{re.sub(r'[^a-z0-9_]', '_', lab.lower())}"
+
+
+def _import_file(path: Path, prefix: str) -> ModuleType:
+    digest = hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:12]
+    name = f"{prefix}_{re.sub(r'[^A-Za-z0-9_]', '_', path.stem)}_{digest}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise CheckLoadError(f"{path}: cannot be imported as a Python module")
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:  # noqa: BLE001 - report which file is broken
+        raise CheckLoadError(f"{path}: failed to import: {type(exc).__name__}: {exc}") from exc
+    return module
+
+
+def load_lab_checks(lab: str | Path) -> CheckSuite:
+    """The suite for ``lab``: a lab id resolved by :func:`lab_module_name`, or a ``.py`` path."""
+    path = Path(lab)
+    if path.suffix == ".py":
+        if not path.is_file():
+            raise CheckLoadError(f"{path}: no such check module")
+        module = _import_file(path, "gpulab_lab")
+    else:
+        name = lab_module_name(str(lab))
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name != name:
+                raise
+            raise CheckLoadError(f"no check module {name} for lab {lab!r}") from exc
+    checks = collect_checks(module)
+    if not checks:
+        raise CheckLoadError(f"{module.__name__}: defines no checks")
+    lab_id = getattr(module, "LAB", None) or (path.stem if path.suffix == ".py" else str(lab))
+    return CheckSuite(str(lab_id), tuple(checks))
+
+
+def load_hidden_checks(directory: str | Path, lab: str | None = None) -> tuple[Check, ...]:
+    """All checks in ``directory/*.py`` (sorted by file name), marked hidden.
+
+    A file may declare ``LAB = "03-scheduling"``; when ``lab`` is given, files
+    for other labs are skipped, so one directory can hold every lab's hidden
+    checks. Import errors are raised (the instructor must fix them before
+    grading), never reported to learners.
+    """
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise CheckLoadError(f"{directory}: hidden-check directory does not exist")
+    found: list[Check] = []
+    for path in sorted(directory.glob("*.py")):
+        if path.name.startswith("_"):
+            continue
+        module = _import_file(path, "gpulab_hidden")
+        declared = getattr(module, "LAB", None)
+        if lab is not None and declared is not None and _lab_key(str(declared)) != _lab_key(lab):
+            continue
+        found.extend(dataclasses.replace(c, hidden=True) for c in collect_checks(module))
+    return tuple(found)

@@ -1,0 +1,197 @@
+"""Local quiz progress: ``$GPULAB_HOME/progress.json`` (default ``~/.gpulab``).
+
+Layout::
+
+    {"version": 1,
+     "sections": {"04-sharing": {"sh-mig-count": {"answer": 7, "correct": true,
+                                                  "attempts": 2, "updated": "2025-…Z"}}}}
+
+Only the latest answer of each question is kept (with an attempt counter).
+Every update is a locked read-modify-write followed by an atomic replace, so
+two notebooks answering at once never lose each other's answers, and a kernel
+killed mid-write leaves the previous file intact.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import logging
+import os
+import unicodedata
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator, Mapping
+
+from gpulab._fsutil import atomic_write_json, locked
+
+from .bank import Bank, load_all
+
+log = logging.getLogger(__name__)
+
+FORMAT_VERSION = 1
+
+
+def gpulab_home() -> Path:
+    """``$GPULAB_HOME`` or ``~/.gpulab``."""
+    return Path(os.environ.get("GPULAB_HOME") or Path.home() / ".gpulab").expanduser()
+
+
+def progress_path() -> Path:
+    return gpulab_home() / "progress.json"
+
+
+@dataclass(frozen=True)
+class Entry:
+    """The latest saved answer to one question."""
+
+    answer: Any
+    correct: bool
+    attempts: int
+    updated: str
+
+
+@dataclass(frozen=True)
+class SectionProgress:
+    section: str
+    title: str
+    answered: int
+    correct: int
+    total: int
+
+
+def _empty() -> dict[str, Any]:
+    return {"version": FORMAT_VERSION, "sections": {}}
+
+
+class ProgressStore:
+    """Progress file access; ``path`` defaults to :func:`progress_path` at call time."""
+
+    def __init__(self, path: str | os.PathLike[str] | None = None):
+        self._path = Path(path) if path is not None else None
+
+    @property
+    def path(self) -> Path:
+        # Resolved lazily so that GPULAB_HOME set after import (tests, notebooks) is honoured.
+        return self._path if self._path is not None else progress_path()
+
+    # -- reading -----------------------------------------------------------
+
+    def _read(self) -> dict[str, Any]:
+        path = self.path
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return _empty()
+        except (OSError, ValueError) as exc:
+            return self._quarantine(path, exc)
+        if not isinstance(data, dict) or not isinstance(data.get("sections"), dict):
+            return self._quarantine(path, ValueError("unexpected structure"))
+        return data
+
+    def _quarantine(self, path: Path, exc: Exception) -> dict[str, Any]:
+        # A hand-edited or foreign file must not break every quiz: keep it aside and start afresh.
+        stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%S")
+        backup = path.with_name(f"{path.name}.corrupt-{stamp}")
+        try:
+            os.replace(path, backup)
+            log.warning("progress file %s is unreadable (%s); moved to %s", path, exc, backup)
+        except OSError:
+            log.warning("progress file %s is unreadable (%s)", path, exc)
+        return _empty()
+
+    def load(self) -> dict[str, Any]:
+        """The whole file as a dict (a fresh copy)."""
+        return self._read()
+
+    def get(self, section: str, qid: str) -> Entry | None:
+        raw = self._read()["sections"].get(section, {}).get(qid)
+        return _entry(raw)
+
+    def entries(self, section: str) -> dict[str, Entry]:
+        raw = self._read()["sections"].get(section, {})
+        return {qid: e for qid, e in ((q, _entry(v)) for q, v in raw.items()) if e is not None}
+
+    # -- writing -----------------------------------------------------------
+
+    def record(self, section: str, qid: str, answer: Any, correct: bool) -> Entry:
+        """Save the latest answer to ``section``/``qid`` and bump its attempt count."""
+        json.dumps(answer)  # fail before touching the file if the answer cannot be stored
+        now = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
+        with locked(self.path):
+            data = self._read()
+            previous = data["sections"].get(section, {}).get(qid) or {}
+            entry = {
+                "answer": answer,
+                "correct": bool(correct),
+                "attempts": int(previous.get("attempts", 0)) + 1,
+                "updated": now,
+            }
+            data["version"] = FORMAT_VERSION
+            data["sections"].setdefault(section, {})[qid] = entry
+            atomic_write_json(self.path, data)
+        return Entry(**entry)
+
+    def reset(self, section: str | None = None) -> None:
+        """Forget one section's answers, or all of them."""
+        with locked(self.path):
+            data = self._read()
+            if section is None:
+                data = _empty()
+            else:
+                data["sections"].pop(section, None)
+            atomic_write_json(self.path, data)
+
+
+def _entry(raw: Any) -> Entry | None:
+    if not isinstance(raw, Mapping) or "answer" not in raw:
+        return None
+    return Entry(raw["answer"], bool(raw.get("correct")), int(raw.get("attempts", 1)), str(raw.get("updated", "")))
+
+
+def summary(banks: Mapping[str, Bank] | None = None, store: ProgressStore | None = None
+            ) -> dict[str, SectionProgress]:
+    """Per-section answered/correct/total; answers to questions no longer in a bank are ignored."""
+    banks = banks if banks is not None else load_all()
+    store = store or ProgressStore()
+    sections = store.load()["sections"]
+    result = {}
+    for name, bank in banks.items():
+        saved = sections.get(name, {})
+        ids = [q.id for q in bank.questions]
+        entries = [e for e in (_entry(saved.get(qid)) for qid in ids) if e is not None]
+        result[name] = SectionProgress(name, bank.title, len(entries), sum(e.correct for e in entries), len(ids))
+    return result
+
+
+def _width(text: str) -> int:
+    # CJK characters take two terminal columns.
+    return sum(2 if unicodedata.east_asian_width(ch) in "WF" else 1 for ch in text)
+
+
+def _pad(text: str, width: int, right: bool = False) -> str:
+    gap = " " * max(0, width - _width(text))
+    return gap + text if right else text + gap
+
+
+def _rows(progress: Mapping[str, SectionProgress]) -> Iterator[list[str]]:
+    yield ["章节", "标题", "已答", "答对", "题数"]
+    answered = correct = total = 0
+    for p in progress.values():
+        answered, correct, total = answered + p.answered, correct + p.correct, total + p.total
+        yield [p.section, p.title, str(p.answered), str(p.correct), str(p.total)]
+    yield ["合计", "", str(answered), str(correct), str(total)]
+
+
+def format_summary(progress: Mapping[str, SectionProgress] | None = None) -> str:
+    """A plain-text table of :func:`summary`, aligned for CJK text (for ``gpulab progress``)."""
+    progress = progress if progress is not None else summary()
+    rows = list(_rows(progress))
+    widths = [max(_width(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = []
+    for n, row in enumerate(rows):
+        cells = [_pad(cell, widths[i], right=i >= 2) for i, cell in enumerate(row)]
+        lines.append("  ".join(cells).rstrip())
+        if n == 0 or n == len(rows) - 2:
+            lines.append("  ".join("-" * w for w in widths))
+    return "\n".join(lines)

@@ -1,0 +1,119 @@
+"""The chapter's scheduling claims, decided by the real kube-scheduler and apiserver."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpulab.cluster import api
+
+from helpers import wait_for
+
+pytestmark = pytest.mark.cluster
+
+GPU_NODE = "gpu-node-1"
+
+
+def gpu_pod(name: str, gpus, **spec) -> dict:
+    resources = {"limits": {"nvidia.com/gpu": gpus}}
+    container = {"name": "main", "image": "nvcr.io/nvidia/cuda:12.6.2-base-ubuntu24.04", "resources": resources}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+            "spec": {"containers": [container], **spec}}
+
+
+def create(kube, ns, obj):
+    obj["metadata"]["namespace"] = ns
+    return kube.create(obj)
+
+
+def scheduling_event(kube, ns, pod):
+    for ev in kube.list("Event", ns, field_selector=f"involvedObject.name={pod}"):
+        if ev.get("reason") == "FailedScheduling":
+            return ev["message"]
+    return None
+
+
+def test_allocatable_reports_two_gpus_on_the_gpu_node_only(kube):
+    alloc = {n["metadata"]["name"]: n["status"]["allocatable"] for n in kube.list("Node")}
+    assert alloc[GPU_NODE]["nvidia.com/gpu"] == "2"
+    for name, a in alloc.items():
+        if name != GPU_NODE:
+            assert "nvidia.com/gpu" not in a
+
+
+def test_capacity_and_allocatable_in_describe_node(kubectl):
+    out = kubectl("describe", "node", GPU_NODE).stdout
+    cap = out.split("Capacity:")[1].split("Allocatable:")[0]
+    alloc = out.split("Allocatable:")[1].split("System Info:")[0]
+    assert "nvidia.com/gpu:     2" in cap
+    assert "nvidia.com/gpu:     2" in alloc
+
+
+def test_one_gpu_pod_lands_on_the_gpu_node(kube, ns):
+    create(kube, ns, gpu_pod("one-gpu", 1))
+    pod = wait_for(lambda: (p := kube.get("Pod", "one-gpu", ns)) and p["status"].get("phase") == "Running" and p,
+                   what="pod Running")
+    assert pod["spec"]["nodeName"] == GPU_NODE
+
+
+def test_three_gpus_stay_pending_with_insufficient_gpu(kube, ns):
+    create(kube, ns, gpu_pod("three-gpus", 3))
+    msg = wait_for(lambda: scheduling_event(kube, ns, "three-gpus"), what="FailedScheduling event")
+    # CPU-only nodes have no nvidia.com/gpu at all, so all three are short of it.
+    assert msg.startswith("0/3 nodes are available: 3 Insufficient nvidia.com/gpu.")
+    assert kube.get("Pod", "three-gpus", ns)["status"]["phase"] == "Pending"
+
+
+def test_chapter_pending_message_with_a_gpu_node_selector(kube, ns):
+    create(kube, ns, gpu_pod("three-on-gpu-nodes", 3, nodeSelector={"nvidia.com/gpu.present": "true"}))
+    msg = wait_for(lambda: scheduling_event(kube, ns, "three-on-gpu-nodes"), what="FailedScheduling event")
+    assert msg.startswith("0/3 nodes are available: 1 Insufficient nvidia.com/gpu, "
+                          "2 node(s) didn't match Pod's node affinity/selector.")
+
+
+def test_taint_without_toleration_keeps_ai_pod_pending(kube, ns):
+    node = kube.get("Node", GPU_NODE)
+    labels = node["metadata"]["labels"]
+    kube.patch("Node", GPU_NODE, {"metadata": {"labels": {"node-role.kubernetes.io/ai": "true"}},
+                                  "spec": {"taints": [{"key": "nvidia.com/gpu", "value": "true",
+                                                       "effect": "NoSchedule"}]}})
+    try:
+        create(kube, ns, gpu_pod("no-toleration", 1, nodeSelector={"node-role.kubernetes.io/ai": "true"}))
+        msg = wait_for(lambda: scheduling_event(kube, ns, "no-toleration"), what="FailedScheduling event")
+        assert "0/3 nodes are available:" in msg
+        assert "1 node(s) had untolerated taint(s)" in msg
+        assert "2 node(s) didn't match Pod's node affinity/selector" in msg
+        tolerated = gpu_pod("with-toleration", 1, nodeSelector={"node-role.kubernetes.io/ai": "true"},
+                            tolerations=[{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}])
+        create(kube, ns, tolerated)
+        pod = wait_for(lambda: (p := kube.get("Pod", "with-toleration", ns)) and p["spec"].get("nodeName") and p,
+                       what="tolerating pod scheduled")
+        assert pod["spec"]["nodeName"] == GPU_NODE
+    finally:
+        patch = {"metadata": {"labels": {"node-role.kubernetes.io/ai": None}}, "spec": {"taints": None}}
+        if "node-role.kubernetes.io/ai" in labels:
+            patch["metadata"]["labels"]["node-role.kubernetes.io/ai"] = labels["node-role.kubernetes.io/ai"]
+        kube.patch("Node", GPU_NODE, patch)
+
+
+def test_fractional_gpu_is_rejected_by_the_apiserver(kube, ns):
+    with pytest.raises(api.ApiError) as err:
+        create(kube, ns, gpu_pod("half", "0.5"))
+    assert err.value.status == 422
+    assert "must be an integer" in err.value.message
+
+
+def test_gpu_requests_must_equal_limits(kube, ns):
+    pod = gpu_pod("unequal", 2)
+    pod["spec"]["containers"][0]["resources"]["requests"] = {"nvidia.com/gpu": 1}
+    with pytest.raises(api.ApiError) as err:
+        create(kube, ns, pod)
+    assert err.value.status == 422
+    assert "must be equal to nvidia.com/gpu limit" in err.value.message
+
+
+def test_gpu_request_without_limit_is_rejected(kube, ns):
+    pod = gpu_pod("request-only", 1)
+    pod["spec"]["containers"][0]["resources"] = {"requests": {"nvidia.com/gpu": 1}}
+    with pytest.raises(api.ApiError) as err:
+        create(kube, ns, pod)
+    assert "Limit must be set for non overcommitable resources" in err.value.message
