@@ -152,16 +152,16 @@ def _go() -> str:
 def _run_go(go: str, args: list[str], cwd: Path, env: dict[str, str], what: str) -> str:
     proc = subprocess.run([go, *args], cwd=cwd, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
-        raise _go_failure(what, proc.stderr)
+        raise _go_failure(what, proc.stderr, download=args[:2] == ["mod", "download"])
     return proc.stdout
 
 
-def _go_failure(what: str, stderr: str) -> BinaryError:
+def _go_failure(what: str, stderr: str, download: bool = False) -> BinaryError:
     lines = [ln for ln in stderr.strip().splitlines() if ln.strip()]
     tail = "\n  ".join(lines[-12:])
     hint = ""
-    if re.search(r"(dial tcp|proxy|404 Not Found|410 Gone|no such host|unknown revision|"
-                 r"reading .*: .*(refused|timeout))", stderr):
+    if download or re.search(r"(dial tcp|proxy|404 Not Found|410 Gone|no such host|unknown revision|"
+                             r"reading .*: .*(refused|timeout))", stderr):
         hint = (
             "\nA Go module could not be downloaded from the module proxy "
             f"(GOPROXY={os.environ.get('GOPROXY', 'default')}). Check the proxy, or set "

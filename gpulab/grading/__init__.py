@@ -15,8 +15,21 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from .checks import (Check, CheckLoadError, CheckOutcome, CheckResult, CheckSuite, Context, check, failed,
-                     load_hidden_checks, load_lab_checks, partial, passed, ratio)
+from .checks import (
+    Check,
+    CheckLoadError,
+    CheckOutcome,
+    CheckResult,
+    CheckSuite,
+    Context,
+    check,
+    failed,
+    load_hidden_checks,
+    load_lab_checks,
+    partial,
+    passed,
+    ratio,
+)
 from .record import load_results, record, recorded, results_path, set_results_path
 
 _LAZY = {

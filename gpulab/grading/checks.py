@@ -34,10 +34,11 @@ import importlib.util
 import math
 import re
 import traceback
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 _CHECK_ID_RE = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 _MISSING = object()
@@ -139,7 +140,7 @@ class Context:
 
     @classmethod
     def from_objects(cls, objects: Iterable[Mapping[str, Any]], values: Mapping[str, Any] | None = None,
-                     namespace: str | None = None, execution: Any = None) -> "Context":
+                     namespace: str | None = None, execution: Any = None) -> Context:
         """Build a context from a flat list of objects (each with ``kind``)."""
         return cls(values or {}, group_by_kind(objects), namespace, execution)
 
@@ -344,7 +345,7 @@ class CheckSuite:
     def max_points(self) -> float:
         return _round(sum(c.points for c in self.checks))
 
-    def with_hidden(self, hidden: Iterable[Check]) -> "CheckSuite":
+    def with_hidden(self, hidden: Iterable[Check]) -> CheckSuite:
         extra = tuple(dataclasses.replace(c, hidden=True) for c in hidden)
         return CheckSuite(self.lab, self.checks + extra)
 

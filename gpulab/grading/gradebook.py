@@ -27,9 +27,10 @@ import io
 import json
 import re
 import traceback
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Protocol, Sequence
+from typing import Any, Protocol
 
 from gpulab._fsutil import atomic_write_bytes, atomic_write_json, atomic_write_text
 
@@ -88,7 +89,7 @@ class RecordedCollector:
         self.by_namespace = {ns: list(objs) for ns, objs in by_namespace.items()}
 
     @classmethod
-    def from_dir(cls, directory: str | Path) -> "RecordedCollector":
+    def from_dir(cls, directory: str | Path) -> RecordedCollector:
         """``<namespace>.json`` files, each a ``kubectl get -o json`` List or a JSON array of objects."""
         data: dict[str, list[Mapping[str, Any]]] = {}
         for path in sorted(Path(directory).glob("*.json")):
@@ -258,7 +259,8 @@ def feedback_markdown(lab: str, row: GradeRow, max_points: float) -> str:
     """The learner's zh-CN feedback; hidden checks appear only as numbered pass/fail lines."""
     lines = [f"# 实验反馈：{lab}", "", f"- 学员：{row.learner}"]
     if not row.graded:
-        lines += ["- 得分：暂无", "", "评分过程中出现了内部错误，这次没有给出成绩，讲师会重新评分。这不是你的问题。", ""]
+        lines += ["- 得分：暂无", "",
+                  "评分过程中出现了内部错误，这次没有给出成绩，讲师会重新评分。这不是你的问题。", ""]
         return "\n".join(lines)
     lines += [f"- 得分：**{_fmt(row.total)} / {_fmt(max_points)}**", "", "## 运行情况", ""]
     if row.execution is not None:

@@ -215,7 +215,7 @@ def _canonical(nb: nbformat.NotebookNode) -> dict:
 
 def _first_difference(expected: dict, actual: dict) -> str:
     exp_cells, act_cells = expected.get("cells", []), actual.get("cells", [])
-    for i, (a, b) in enumerate(zip(exp_cells, act_cells)):
+    for i, (a, b) in enumerate(zip(exp_cells, act_cells, strict=False)):
         if a != b:
             return f"cell {i} differs"
     if len(exp_cells) != len(act_cells):

@@ -14,6 +14,7 @@ per-cell limit.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import json
 import os
@@ -22,9 +23,10 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import nbformat
 
@@ -36,7 +38,7 @@ DEFAULT_INHERITED_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TM
                          "SYSTEMROOT")
 
 
-class ErrorKind(str, enum.Enum):
+class ErrorKind(enum.StrEnum):
     INVALID_NOTEBOOK = "invalid-notebook"
     NO_PARAMETERS_CELL = "no-parameters-cell"
     CELL_ERROR = "cell-error"
@@ -131,29 +133,21 @@ def _descendants(pid: int) -> list[Any]:
 def _kill(proc: subprocess.Popen[bytes], tracked: dict[tuple[int, float], Any]) -> None:
     """SIGKILL the child's process group, every process group it created, and every tracked process."""
     own_group = os.getpgrp()
-    groups = {proc.pid}
+    groups = {proc.pid}  # the child leads its own session (start_new_session=True)
     for p in tracked.values():
-        try:
+        with contextlib.suppress(Exception):  # gone meanwhile
             if p.is_running():  # identity check: never look up the group of a reused pid
                 groups.add(os.getpgid(p.pid))
-        except Exception:  # noqa: BLE001 - gone meanwhile
-            continue
     for group in groups - {own_group}:
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(group, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
     for p in tracked.values():
-        try:
+        with contextlib.suppress(Exception):
             p.kill()  # psutil checks the process identity, so a reused pid is never hit
-        except Exception:  # noqa: BLE001
-            pass
-    try:
+    with contextlib.suppress(Exception):
         import psutil
 
         psutil.wait_procs(list(tracked.values()), timeout=5)
-    except Exception:  # noqa: BLE001
-        pass
 
 
 def _track(pid: int, tracked: dict[tuple[int, float], Any]) -> None:

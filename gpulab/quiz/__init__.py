@@ -13,9 +13,24 @@ from __future__ import annotations
 
 from typing import Any
 
-from .bank import (Bank, BankError, Feedback, MultipleChoice, Numeric, Option, Question, ShortAnswer,
-                   SingleChoice, canonical_answer, grade_answer, load_all, load_bank, load_section, normalize,
-                   quiz_dir)
+from .bank import (
+    Bank,
+    BankError,
+    Feedback,
+    MultipleChoice,
+    Numeric,
+    Option,
+    Question,
+    ShortAnswer,
+    SingleChoice,
+    canonical_answer,
+    grade_answer,
+    load_all,
+    load_bank,
+    load_section,
+    normalize,
+    quiz_dir,
+)
 from .progress import Entry, ProgressStore, SectionProgress, format_summary, gpulab_home, progress_path, summary
 
 _WIDGET_NAMES = {"show_quiz", "build_quiz", "answer", "render_text", "QuizView", "QuestionView"}

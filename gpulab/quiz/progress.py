@@ -19,9 +19,10 @@ import json
 import logging
 import os
 import unicodedata
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any
 
 from gpulab._fsutil import atomic_write_json, locked
 
@@ -91,7 +92,7 @@ class ProgressStore:
 
     def _quarantine(self, path: Path, exc: Exception) -> dict[str, Any]:
         # A hand-edited or foreign file must not break every quiz: keep it aside and start afresh.
-        stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%S")
+        stamp = _dt.datetime.now(_dt.UTC).strftime("%Y%m%dT%H%M%S")
         backup = path.with_name(f"{path.name}.corrupt-{stamp}")
         try:
             os.replace(path, backup)
@@ -117,7 +118,7 @@ class ProgressStore:
     def record(self, section: str, qid: str, answer: Any, correct: bool) -> Entry:
         """Save the latest answer to ``section``/``qid`` and bump its attempt count."""
         json.dumps(answer)  # fail before touching the file if the answer cannot be stored
-        now = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
+        now = _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
         with locked(self.path):
             data = self._read()
             previous = data["sections"].get(section, {}).get(qid) or {}

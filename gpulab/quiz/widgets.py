@@ -24,10 +24,21 @@ from __future__ import annotations
 
 import html
 import re
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
-from .bank import (Bank, Feedback, MultipleChoice, Numeric, Question, ShortAnswer, SingleChoice, canonical_answer,
-                   grade_answer, load_section)
+from .bank import (
+    Bank,
+    Feedback,
+    MultipleChoice,
+    Numeric,
+    Question,
+    ShortAnswer,
+    SingleChoice,
+    canonical_answer,
+    grade_answer,
+    load_section,
+)
 from .progress import ProgressStore
 
 TYPE_LABELS = {"single": "单选", "multiple": "多选", "numeric": "数值", "short": "简答"}
@@ -190,7 +201,8 @@ class QuestionView:
         try:
             self.submit()
         except Exception as exc:  # noqa: BLE001
-            self.feedback.value = f'<div style="color:#cf222e">内部错误，请把这段信息告诉讲师：{html.escape(repr(exc))}</div>'
+            self.feedback.value = ('<div style="color:#cf222e">内部错误，请把这段信息告诉讲师：'
+                                   f"{html.escape(repr(exc))}</div>")
 
 
 class QuizView:

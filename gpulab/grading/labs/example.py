@@ -13,7 +13,18 @@ each failure message says what is wrong and where to look, not what to type.
 
 from __future__ import annotations
 
-from gpulab.grading.checks import Context, check, containers, dig, failed, partial, passed, pod_spec, quantity_int, ratio
+from gpulab.grading.checks import (
+    Context,
+    check,
+    containers,
+    dig,
+    failed,
+    partial,
+    passed,
+    pod_spec,
+    quantity_int,
+    ratio,
+)
 
 LAB = "example"
 JOB = "gpu-train-demo"

@@ -1,0 +1,69 @@
+# gpulab — one target per user task. CI runs `make test` (see .ci/run).
+#
+#   make lab        install what is missing, start the cluster, open JupyterLab
+#   make test       everything CI checks: unit and cluster tests
+#   make bench      benchmarks; results go into BENCHMARKS.md by hand
+#   make down       stop the cluster (state kept);  make purge  deletes it
+
+SHELL := /bin/bash
+PYTHON ?= $(shell for p in python3.13 python3.12 python3.11 python3; do command -v $$p >/dev/null && { echo $$p; break; }; done)
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+PYTEST_ARGS ?=
+JUPYTER_PORT ?= 8888
+
+.PHONY: help install build up down purge reset status lab test test-unit test-cluster bench clean
+
+help:
+	@sed -n 's/^#   //p' Makefile
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "gpulab needs Python >= 3.11; set PYTHON=/path/to/python3.11")'
+	@command -v go >/dev/null || { echo "gpulab: Go >= 1.26 is needed to build the control plane (or set GPULAB_BIN_DIR)"; exit 1; }
+	@command -v unshare >/dev/null || { echo "gpulab: unshare (util-linux) is needed to run pod commands"; exit 1; }
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (gpulab)" >/dev/null
+	touch $(STAMP)
+
+install: $(STAMP)
+
+build: install
+	$(BIN)/gpulab build
+
+up: build
+	$(BIN)/gpulab up
+
+down:
+	-$(BIN)/gpulab down
+
+purge:
+	-$(BIN)/gpulab down --purge
+
+reset: build
+	$(BIN)/gpulab reset
+
+status:
+	$(BIN)/gpulab status
+
+lab: up
+	$(BIN)/jupyter lab --ServerApp.ip=127.0.0.1 --ServerApp.port=$(JUPYTER_PORT) \
+	    --ServerApp.root_dir=$(CURDIR) --LabApp.default_url=/lab/tree/notebooks
+
+test: build
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+test-unit: install
+	$(BIN)/python -m pytest tests/unit $(PYTEST_ARGS)
+
+test-cluster: build
+	$(BIN)/python -m pytest tests/cluster $(PYTEST_ARGS)
+
+bench: build
+	$(BIN)/python bench/cluster_bench.py
+
+clean:
+	rm -rf $(VENV) *.egg-info .pytest_cache
+	find . -name __pycache__ -type d -prune -exec rm -rf {} +

@@ -1,0 +1,123 @@
+"""Bring-up, restart and status of the embedded cluster.
+
+These stop, restart and reset the shared session cluster; every other test
+works in a namespace of its own, so the order of files does not matter.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from gpulab.cluster import status as cluster_status
+from helpers import wait_for
+
+pytestmark = pytest.mark.cluster
+
+
+def gpulab(*args: str, env_home) -> subprocess.CompletedProcess:
+    env = dict(os.environ, GPULAB_HOME=str(env_home))
+    return subprocess.run([sys.executable, "-m", "gpulab.cli", *args], capture_output=True, text=True,
+                          env=env, timeout=300)
+
+
+def test_everything_listens_on_loopback_only(cluster):
+    import psutil
+
+    pids = set(cluster.running().values())
+    for conn in psutil.net_connections("tcp"):
+        if conn.pid in pids and conn.status == psutil.CONN_LISTEN:
+            assert conn.laddr.ip in ("127.0.0.1", "::1"), (conn.pid, conn.laddr)
+
+
+def test_status_json_reports_components_and_gpus(cluster, gpulab_home):
+    proc = gpulab("status", "--json", env_home=gpulab_home)
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    assert all(c["state"] == "up" for c in data["components"].values())
+    gpu = next(n for n in data["nodes"] if n["name"] == "gpu-node-1")
+    assert gpu["gpuModel"] == "NVIDIA-H100-80GB-HBM3"
+    assert gpu["resources"]["nvidia.com/gpu"]["capacity"] == 2
+    text = gpulab("status", env_home=gpulab_home).stdout
+    assert "kube-scheduler" in text and "NVIDIA-H100-80GB-HBM3" in text
+
+
+def test_up_while_running_starts_no_second_cluster(cluster, gpulab_home):
+    before = cluster.running()
+    proc = gpulab("up", env_home=gpulab_home)
+    assert proc.returncode == 0
+    assert "already running" in proc.stdout
+    assert cluster.running() == before
+
+
+def test_crashed_component_is_reported_and_restarted_with_objects_kept(cluster, kube, gpulab_home):
+    kube.create({"apiVersion": "v1", "kind": "ConfigMap",
+                 "metadata": {"name": "survivor", "namespace": "default"}, "data": {"k": "v"}})
+    os.kill(cluster.running()["kube-scheduler"], signal.SIGKILL)
+    wait_for(lambda: "kube-scheduler" not in cluster.running(), 10, what="scheduler gone")
+    data = cluster_status.collect(cluster)
+    assert data["components"]["kube-scheduler"]["state"] == "down"
+    proc = gpulab("status", env_home=gpulab_home)
+    assert proc.returncode == 1 and "kube-scheduler            down" in proc.stdout
+    proc = gpulab("up", env_home=gpulab_home)
+    assert proc.returncode == 0, proc.stderr
+    assert "restarting stopped components: kube-scheduler" in proc.stderr
+    assert "kube-scheduler" in cluster.running()
+    assert kube.get("ConfigMap", "survivor", "default")["data"] == {"k": "v"}
+
+
+def test_objects_survive_down_and_up(cluster, kube, gpulab_home):
+    kube.create({"apiVersion": "v1", "kind": "ConfigMap",
+                 "metadata": {"name": "kept", "namespace": "default"}, "data": {"step": "42"}})
+    pids = set(cluster.running().values())
+    proc = gpulab("down", env_home=gpulab_home)
+    assert proc.returncode == 0
+    assert cluster.running() == {}
+    assert not [p for p in pids if _alive(p)], "gpulab down left processes behind"
+    proc = gpulab("up", env_home=gpulab_home)
+    assert proc.returncode == 0, proc.stderr
+    assert kube.get("ConfigMap", "kept", "default")["data"] == {"step": "42"}
+
+
+def test_a_taken_port_is_given_up_with_a_message(cluster, kube, gpulab_home):
+    port = cluster.state()["ports"]["kwok"]
+    gpulab("down", env_home=gpulab_home)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", port))
+        s.listen()
+        proc = gpulab("up", env_home=gpulab_home)
+    assert proc.returncode == 0, proc.stderr
+    assert f"port {port} (kwok) is held by" in proc.stderr
+    assert cluster.state()["ports"]["kwok"] != port
+    assert cluster.is_up()
+
+
+def test_reset_returns_to_the_initial_state(cluster, kube, gpulab_home):
+    kube.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "scratch"}})
+    kube.patch("Node", "gpu-node-1", {"spec": {"taints": [{"key": "x", "effect": "NoSchedule"}]}})
+    proc = gpulab("reset", env_home=gpulab_home)
+    assert proc.returncode == 0, proc.stderr
+    from gpulab.cluster.api import Client
+
+    fresh = Client(cluster.kubeconfig)
+    assert fresh.get("Namespace", "scratch") is None
+    assert not fresh.get("Node", "gpu-node-1")["spec"].get("taints")
+    assert fresh.get("ConfigMap", "kept", "default") is None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False

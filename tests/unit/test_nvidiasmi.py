@@ -1,0 +1,573 @@
+"""The fake nvidia-smi against the real H200 capture, and its failure modes."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpulab.fakegpu import nvidiasmi as smi
+from gpulab.fakegpu.config import advertised_resources, parse_config
+from gpulab.fakegpu.models import gpu_uuid
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "gpulab/fakegpu/nvidiasmi.py"
+
+
+def _reference_dir() -> Path | None:
+    candidates = [os.environ.get("GPULAB_REFERENCE_DIR"), REPO / "shared/reference/nvidia-h200",
+                  REPO.parent / "shared/reference/nvidia-h200"]
+    for c in candidates:
+        if c and (Path(c) / "nvidia-smi.txt").is_file():
+            return Path(c)
+    return None
+
+
+REF = _reference_dir()
+needs_reference = pytest.mark.skipif(REF is None, reason="H200 reference capture not available")
+
+TABLE_SEPARATORS = [0, 42, 67, 90]
+MIG_SEPARATORS = [0, 19, 54, 66, 90]
+
+
+def reference_like_state(**gpu_overrides) -> dict:
+    """An H200 state whose live readings are those of the captured GPU."""
+    state = smi.build_state("h200-141gb", 1, "ref-node", timestamp=1_700_000_000)
+    gpu = state["gpus"][0]
+    gpu.update(
+        bus_id="00000000:00:06.0", uuid="GPU-00000000-0000-0000-0000-000000000000", serial="0000000000000",
+        module_id=7, power_draw_w=125, temperature_gpu=38, fabric={"state": "N/A", "status": "N/A"},
+    )
+    gpu.update(gpu_overrides)
+    return state
+
+
+def run(state: dict | None, *argv: str, visible: str | None = "all", tmp_path: Path, raw_env=None):
+    env = {}
+    if state is not None:
+        path = tmp_path / "smi.json"
+        smi.write_state(str(path), state)
+        env[smi.STATE_ENV] = str(path)
+    if visible is not None:
+        env[smi.VISIBLE_ENV] = visible
+    if raw_env is not None:
+        env = raw_env
+    out, err = io.StringIO(), io.StringIO()
+    rc = smi.run(list(argv), env=env, out=out, err=err)
+    return rc, out.getvalue(), err.getvalue()
+
+
+def bars(line: str) -> list[int]:
+    return [i for i, ch in enumerate(line) if ch in "|+"]
+
+
+# -- the box table ---------------------------------------------------------------------------
+
+
+@needs_reference
+def test_table_is_the_reference_byte_for_byte(tmp_path):
+    rc, out, _ = run(reference_like_state(), tmp_path=tmp_path)
+    ref = (REF / "nvidia-smi.txt").read_text()
+    assert rc == 0
+    assert out.splitlines()[1:] == ref.splitlines()[1:]
+    assert out.endswith("\n") and ref.endswith("\n")
+    # First line: ctime-style timestamp padded with 7 blanks, like the capture.
+    pattern = r"[A-Z][a-z]{2} [A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d \d{4} {7}"
+    assert re.fullmatch(pattern, out.splitlines()[0])
+    assert re.fullmatch(pattern, ref.splitlines()[0])
+
+
+@needs_reference
+def test_column_positions_match_the_reference_for_every_model(tmp_path):
+    ref_lines = (REF / "nvidia-smi.txt").read_text().splitlines()
+    ref_bars = [bars(l) for l in ref_lines[1:12]]
+    for model in ("h100-80gb", "a100-80gb", "a100-40gb", "l4"):
+        rc, out, _ = run(smi.build_state(model, 1, "n"), tmp_path=tmp_path)
+        lines = out.splitlines()
+        assert rc == 0
+        assert [bars(l) for l in lines[1:12]] == ref_bars, model
+        assert [len(l) for l in lines[1:12]] == [len(l) for l in ref_lines[1:12]]
+        # Header rows are the real ones; only the GPU rows carry values.
+        assert lines[1:8] == ref_lines[1:8]
+
+
+def _check_frame(out: str) -> None:
+    lines = out.splitlines()
+    section = None
+    for line in lines[1:]:
+        if not line:
+            continue
+        assert len(line) == 91, line
+        if line.startswith("| GPU  Name"):
+            section = "gpu"
+        elif line.startswith("| MIG devices:"):
+            section = "mig-title"
+        elif line.startswith("| GPU  GI  CI  MIG"):
+            section = "mig"
+        elif line.startswith("| Processes:"):
+            section = "proc"
+        if section == "gpu" and line != "+" + "-" * 89 + "+":
+            assert bars(line) == TABLE_SEPARATORS, line
+        if section == "mig" and "No MIG devices" not in line and line != "+" + "-" * 89 + "+":
+            assert bars(line) == MIG_SEPARATORS, line
+        if section == "proc":
+            assert bars(line) == [0, 90], line
+
+
+@pytest.mark.parametrize(
+    ("model", "count", "layout"),
+    [("h100-80gb", 8, None), ("h100-80gb", 2, "all-1g.10gb"), ("h200-141gb", 1, "all-balanced"),
+     ("a100-40gb", 2, "all-enabled"), ("l4", 4, None), ("h200-141gb", 1, "all-7g.141gb")],
+)
+def test_every_frame_keeps_the_real_widths(tmp_path, model, count, layout):
+    state = smi.build_state(model, count, "n", mig_layout=layout)
+    rc, out, _ = run(state, tmp_path=tmp_path)
+    assert rc == 0
+    _check_frame(out)
+    assert out.count("NVIDIA-SMI 580.159.04") == 1
+    assert (" MIG devices:" in out) == (layout is not None)
+
+
+def test_gpu_rows_carry_the_live_readings(tmp_path):
+    state = smi.build_state("h100-80gb", 1, "n")
+    state["gpus"][0].update(memory_used_mib=40960, utilization_gpu=97, power_draw_w=651.4, temperature_gpu=71,
+                            persistence_mode=False, pstate="P2", fan_speed=None)
+    _, out, _ = run(state, tmp_path=tmp_path)
+    rows = out.splitlines()[8:11]
+    assert rows[0] == "|   0  NVIDIA H100 80GB HBM3          Off |   00000000:18:00.0 Off |                    0 |"
+    assert rows[1] == "| N/A   71C    P2            651W /  700W |   40960MiB /  81559MiB |     97%      Default |"
+    assert rows[2].endswith("|             Disabled |")
+
+
+def test_mig_enabled_gpu_rows(tmp_path):
+    _, out, _ = run(smi.build_state("h200-141gb", 1, "n", mig_layout="all-1g.18gb"), tmp_path=tmp_path)
+    rows = out.splitlines()[8:11]
+    assert rows[0].endswith("|                   On |")        # ECC column reads "On" under MIG
+    assert "|                  N/A   |     N/A      Default |" in rows[1]
+    assert rows[2].endswith("|              Enabled |")
+    mig_rows = [l for l in out.splitlines() if re.match(r"\|\s+0\s+\d+\s+0\s+\d+\s+\|", l)]
+    assert len(mig_rows) == 7
+    assert mig_rows[0] == "|  0    7   0   0  |               0MiB / 16384MiB    | 16      0 |  1   0    1    0    1 |"
+    assert [int(r.split()[2]) for r in mig_rows] == list(range(7, 14))    # GI ids 7..13
+
+
+def test_mig_enabled_without_instances(tmp_path):
+    _, out, _ = run(smi.build_state("a100-40gb", 1, "n", mig_layout="all-enabled"), tmp_path=tmp_path)
+    assert "|  No MIG devices found" in out
+
+
+def test_process_rows_line_up_with_the_header(tmp_path):
+    state = smi.build_state("h100-80gb", 2, "n", mig_layout=None)
+    state["gpus"][1]["processes"] = [
+        {"pid": 31337, "type": "C", "name": "python3 train.py", "used_memory_mib": 10240},
+        {"pid": 7, "type": "C+G", "name": "/opt/conda/envs/very/long/path/bin/python3.11", "used_memory_mib": 3},
+    ]
+    _, out, _ = run(state, tmp_path=tmp_path)
+    lines = out.splitlines()
+    header = next(l for l in lines if l.startswith("|  GPU   GI   CI"))
+    row, long_row = [l for l in lines if "31337" in l or "C+G" in l]
+    assert row.index("1 ") + 1 == header.index("GPU") + 3             # index right-aligned under GPU
+    assert row.index("N/A") == header.index("GI")                       # N/A starts under GI
+    assert row.index("31337") + 5 == header.index("PID") + 3            # PID right-aligned
+    assert row.index(" C ") + 2 == header.index("Type") + 4             # type right-aligned
+    assert row.index("python3 train.py") == header.index("Process name")
+    assert row.index("10240MiB") + 8 == header.index("GPU Memory") + 10
+    assert "...envs/very/long/path/bin/python3.11" in long_row and len(long_row) == 91
+    assert "No running processes found" not in out
+
+
+def test_processes_in_mig_instances_show_gi_and_ci(tmp_path):
+    state = smi.build_state("h100-80gb", 1, "n", mig_layout="all-1g.10gb")
+    state["gpus"][0]["processes"] = [{"pid": 99, "type": "C", "name": "infer", "used_memory_mib": 512,
+                                      "gi_id": 9, "ci_id": 0}]
+    _, out, _ = run(state, tmp_path=tmp_path)
+    row = next(l for l in out.splitlines() if "infer" in l)
+    assert row.startswith("|    0    9    0 ")
+    # A container that only sees another instance does not see the process.
+    other = state["gpus"][0]["mig_devices"][0]["uuid"]
+    _, out, _ = run(state, visible=other, tmp_path=tmp_path)
+    assert "infer" not in out and "No running processes found" in out
+
+
+# -- -L ---------------------------------------------------------------------------------------
+
+
+def test_list_gpus(tmp_path):
+    state = smi.build_state("h200-141gb", 2, "node-a", mig_layout="all-balanced")
+    state["gpus"][1]["mig_mode"], state["gpus"][1]["mig_devices"] = "Disabled", []
+    rc, out, _ = run(state, "-L", tmp_path=tmp_path)
+    lines = out.splitlines()
+    assert rc == 0
+    assert lines[0] == f"GPU 0: NVIDIA H200 (UUID: {gpu_uuid('node-a', 0)})"
+    assert [re.match(r"  MIG (\S+) +Device +(\d+): \(UUID: MIG-[0-9a-f-]{36}\)$", l).groups() for l in lines[1:5]] == [
+        ("3g.71gb", "0"), ("2g.35gb", "1"), ("1g.18gb", "2"), ("1g.18gb", "3")]
+    assert lines[1].startswith("  MIG 3g.71gb     Device  0: ")
+    assert lines[5] == f"GPU 1: NVIDIA H200 (UUID: {gpu_uuid('node-a', 1)})"
+
+
+# -- --query-gpu ------------------------------------------------------------------------------
+
+REF_FIELDS = ("index,uuid,name,memory.total,memory.used,utilization.gpu,temperature.gpu,power.draw,"
+              "power.limit,mig.mode.current,driver_version,pci.bus_id,compute_cap")
+
+
+@needs_reference
+def test_query_csv_is_the_reference(tmp_path):
+    state = reference_like_state(temperature_gpu=37, power_draw_w=117.98)
+    rc, out, _ = run(state, f"--query-gpu={REF_FIELDS}", "--format=csv", tmp_path=tmp_path)
+    assert rc == 0
+    assert out == (REF / "query.csv").read_text()
+
+
+def test_query_csv_units_and_header_options(tmp_path):
+    state = smi.build_state("h100-80gb", 2, "n")
+    rc, out, _ = run(state, "--query-gpu=name,memory.total,utilization.gpu,power.draw", "--format=csv",
+                     tmp_path=tmp_path)
+    assert out.splitlines() == [
+        "name, memory.total [MiB], utilization.gpu [%], power.draw [W]",
+        "NVIDIA H100 80GB HBM3, 81559 MiB, 0 %, 70.00 W",
+        "NVIDIA H100 80GB HBM3, 81559 MiB, 0 %, 70.00 W",
+    ]
+    _, out, _ = run(state, "--query-gpu=memory.total,memory.free", "--format=csv,noheader,nounits",
+                    tmp_path=tmp_path)
+    assert out.splitlines() == ["81559, 81231"] * 2
+    _, out, _ = run(state, "--query-gpu", "count,gpu_name,fan.speed", "--format", "csv,noheader",
+                    tmp_path=tmp_path)
+    assert out.splitlines()[0] == "2, NVIDIA H100 80GB HBM3, [N/A]"
+
+
+def test_query_under_mig(tmp_path):
+    state = smi.build_state("a100-80gb", 1, "n", mig_layout="all-1g.10gb")
+    _, out, _ = run(state, "--query-gpu=mig.mode.current,memory.used,utilization.gpu", "--format=csv,noheader",
+                    tmp_path=tmp_path)
+    assert out == "Enabled, [N/A], [N/A]\n"
+    _, out, _ = run(smi.build_state("l4", 1, "n"), "--query-gpu=mig.mode.current", "--format=csv,noheader",
+                    tmp_path=tmp_path)
+    assert out == "[N/A]\n"
+
+
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [
+        (["--query-gpu=name,bogus", "--format=csv"], 'Field "bogus" is not a valid field to query.'),
+        (["--query-gpu=name"], '"--format" option is required'),
+        (["--query-gpu=name", "--format=json"], "is not a valid format"),
+        (["--format=csv"], "Invalid combination of input arguments"),
+        (["--frobnicate"], "Invalid combination of input arguments"),
+        (["-i"], "Invalid combination of input arguments"),
+        (["-d", "MEMORY"], "Invalid combination of input arguments"),
+        (["-q", "-d", "GPUS"], "Invalid combination of input arguments"),
+        (["-l", "0"], "Invalid combination of input arguments"),
+        (["mig", "-lci"], "Invalid combination of input arguments"),
+    ],
+)
+def test_bad_command_lines_exit_2(tmp_path, argv, words):
+    rc, out, _ = run(smi.build_state("l4", 1, "n"), *argv, tmp_path=tmp_path)
+    assert rc == smi.EXIT_INVALID_ARGUMENT
+    assert words in out
+
+
+# -- -q --------------------------------------------------------------------------------------
+
+
+def _structure(text: str) -> list[str]:
+    """Indentation and key of every line, values dropped."""
+    return [re.sub(r"\s*:.*$", "", l).rstrip() if re.search(r"\s: ", l) else l.rstrip()
+            for l in text.splitlines() if not l.startswith("GPU 0000")]
+
+
+@needs_reference
+def test_query_report_has_the_reference_structure(tmp_path):
+    rc, out, _ = run(reference_like_state(), "-q", tmp_path=tmp_path)
+    ref = (REF / "nvidia-smi-q.txt").read_text()
+    assert rc == 0
+    assert _structure(out) == _structure(ref)
+    colons = {l.index(" : ") + 1 for l in out.splitlines() if " : " in l}
+    assert colons == {55}
+    same = ["Product Name", "Product Architecture", "Driver Version", "CUDA Version", "GPU UUID",
+            "VBIOS Version", "Device Id", "Sub System Id", "Bus Id", "GSP Firmware Version"]
+    for key in same:
+        mine = [l for l in out.splitlines() if l.strip().startswith(key + " ")]
+        theirs = [l for l in ref.splitlines() if l.strip().startswith(key + " ")]
+        assert mine == theirs, key
+    for line in ("        Total                                          : 143771 MiB",
+                 "        GPU T.Limit Temp                               : 49 C",
+                 "        GPU Shutdown T.Limit Temp                      : -8 C",
+                 "        GPU Slowdown T.Limit Temp                      : -2 C",
+                 "        Max Power Limit                                : 700.00 W",
+                 "    Processes                                          : None"):
+        assert line in out.splitlines() and line in ref.splitlines()
+
+
+def test_query_report_sections_and_mig_devices(tmp_path):
+    state = smi.build_state("h100-80gb", 2, "n", mig_layout="all-3g.40gb")
+    rc, out, _ = run(state, "-q", "-d", "MEMORY,TEMPERATURE", tmp_path=tmp_path)
+    assert rc == 0
+    assert "FB Memory Usage" in out and "GPU Current Temp" in out
+    assert "Product Name" not in out and "Clocks Event Reasons" not in out
+    assert out.count("GPU 00000000:") == 2 and "Attached GPUs                                          : 2" in out
+    _, out, _ = run(state, "-q", "-i", "1", tmp_path=tmp_path)
+    assert out.count("    MIG Device") == 0 or out.count("        MIG Device") == 2
+    assert "GPU 00000000:2A:00.0" in out and "GPU 00000000:18:00.0" not in out
+    assert "Multiprocessor count                   : 60".rjust(10) in out.replace(" " * 20, " " * 20)
+
+
+def test_fabric_manager_fault_shows_in_the_report(tmp_path):
+    state = smi.build_state("h100-80gb", 8, "n", fault=smi.FAULT_FABRIC_MANAGER_DOWN)
+    rc, out, _ = run(state, "-q", "-i", "0", tmp_path=tmp_path)
+    assert rc == 0  # nvidia-smi itself works; CUDA programs do not
+    assert "        State                                          : In Progress" in out.splitlines()
+    rc, _, _ = run(state, tmp_path=tmp_path)
+    assert rc == 0
+
+
+# -- mig -lgip --------------------------------------------------------------------------------
+
+
+@needs_reference
+def test_mig_lgip_is_the_reference(tmp_path):
+    rc, out, _ = run(reference_like_state(), "mig", "-lgip", tmp_path=tmp_path)
+    assert rc == 0
+    assert out == (REF / "mig-lgip.txt").read_text()
+
+
+def test_mig_lgip_counts_free_instances(tmp_path):
+    state = smi.build_state("h100-80gb", 1, "n", mig_layout="all-3g.40gb")
+    state["gpus"][0]["mig_devices"] = state["gpus"][0]["mig_devices"][:1]  # one 3g.40gb left, at slice 0
+    _, out, _ = run(state, "mig", "-lgip", tmp_path=tmp_path)
+    free = dict(re.findall(r"MIG (\S+)\s+\d+\s+(\d+)/\d+", out))
+    assert free == {"1g.10gb": "4", "1g.10gb+me": "1", "1g.20gb": "2", "2g.20gb": "1", "3g.40gb": "1",
+                    "4g.40gb": "0", "7g.80gb": "0"}
+    rc, out, _ = run(smi.build_state("l4", 1, "n"), "mig", "-lgip", tmp_path=tmp_path)
+    assert (rc, out) == (smi.EXIT_NOT_FOUND, "No MIG-supported devices found.\n")
+
+
+# -- visibility and failures ------------------------------------------------------------------
+
+
+def test_no_devices_in_the_container(tmp_path):
+    rc, out, _ = run(smi.build_state("h100-80gb", 2, "n"), visible="none", tmp_path=tmp_path)
+    assert (rc, out) == (6, "No devices were found\n")
+    rc, out, _ = run(smi.build_state("h100-80gb", 2, "n"), "-L", visible="GPU-does-not-exist", tmp_path=tmp_path)
+    assert (rc, out) == (6, "No devices were found\n")
+    rc, out, _ = run(smi.build_state("h100-80gb", 0, "n"), tmp_path=tmp_path)
+    assert rc == 6
+
+
+@pytest.mark.parametrize("visible", [None, "", "void"])
+def test_no_nvidia_runtime_injection_means_no_driver(tmp_path, visible):
+    rc, out, _ = run(smi.build_state("h100-80gb", 2, "n"), visible=visible, tmp_path=tmp_path)
+    assert rc == smi.EXIT_DRIVER_NOT_LOADED == 9
+    assert out == smi.MSG_NO_DRIVER + "\n"
+    assert out.startswith("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.")
+
+
+def test_missing_state_means_no_driver(tmp_path):
+    rc, out, _ = run(None, tmp_path=tmp_path)
+    assert rc == 9 and "couldn't communicate" in out
+    rc, out, _ = run(None, tmp_path=tmp_path, raw_env={smi.STATE_ENV: str(tmp_path / "gone.json"),
+                                                      smi.VISIBLE_ENV: "all"})
+    assert rc == 9
+
+
+def test_faults(tmp_path):
+    rc, out, _ = run(smi.build_state("h100-80gb", 1, "n", fault=smi.FAULT_DRIVER_UNREACHABLE), tmp_path=tmp_path)
+    assert rc == 9
+    rc, out, _ = run(smi.build_state("h100-80gb", 1, "n", fault=smi.FAULT_NO_DEVICES), tmp_path=tmp_path)
+    assert (rc, out) == (6, "No devices were found\n")
+    rc, _, _ = run(smi.build_state("h100-80gb", 1, "n", fault=smi.FAULT_DRIVER_UNREACHABLE), "--version",
+                   tmp_path=tmp_path)
+    assert rc == 9
+
+
+def test_a_broken_state_file_is_reported_on_stderr(tmp_path):
+    path = tmp_path / "smi.json"
+    path.write_text("{not json")
+    rc, out, err = run(None, tmp_path=tmp_path, raw_env={smi.STATE_ENV: str(path), smi.VISIBLE_ENV: "all"})
+    assert (rc, out) == (smi.EXIT_UNKNOWN, "") and "not valid JSON" in err
+    path.write_text(json.dumps({"gpus": [{"uuid": "GPU-x"}]}))
+    rc, _, err = run(None, tmp_path=tmp_path, raw_env={smi.STATE_ENV: str(path), smi.VISIBLE_ENV: "all"})
+    assert rc == 255 and "needs at least 'name' and 'uuid'" in err
+    path.write_text(json.dumps({"fault": "gremlins", "gpus": []}))
+    rc, _, err = run(None, tmp_path=tmp_path, raw_env={smi.STATE_ENV: str(path), smi.VISIBLE_ENV: "all"})
+    assert rc == 255 and "unknown fault 'gremlins'" in err
+
+
+def test_visible_devices_select_and_renumber(tmp_path):
+    state = smi.build_state("h100-80gb", 4, "n", mig_layout=None)
+    uuids = [g["uuid"] for g in state["gpus"]]
+    _, out, _ = run(state, "-L", visible=f"{uuids[2]}::3,{uuids[3]}", tmp_path=tmp_path)
+    assert out.splitlines() == [f"GPU 0: NVIDIA H100 80GB HBM3 (UUID: {uuids[2]})",
+                                f"GPU 1: NVIDIA H100 80GB HBM3 (UUID: {uuids[3]})"]
+    _, out, _ = run(state, "-L", visible="1", tmp_path=tmp_path)
+    assert out == f"GPU 0: NVIDIA H100 80GB HBM3 (UUID: {uuids[1]})\n"
+    _, out, _ = run(state, "--query-gpu=index,pci.bus_id", "--format=csv,noheader", visible=uuids[3],
+                    tmp_path=tmp_path)
+    assert out == "0, 00000000:5D:00.0\n"  # renumbered from 0, bus id stays the real one
+
+
+def test_one_mig_device_per_container(tmp_path):
+    state = smi.build_state("h200-141gb", 1, "n", mig_layout="all-balanced")
+    migs = state["gpus"][0]["mig_devices"]
+    _, out, _ = run(state, "-L", visible=migs[1]["uuid"], tmp_path=tmp_path)
+    assert out.splitlines()[1] == f"  MIG 2g.35gb     Device  0: (UUID: {migs[1]['uuid']})"
+    assert len(out.splitlines()) == 2
+    _, out, _ = run(state, visible=f"{migs[2]['uuid']},{migs[3]['uuid']}", tmp_path=tmp_path)
+    rows = [l for l in out.splitlines() if re.match(r"\|\s+0\s+\d+\s+0\s+\d\s+\|", l)]
+    assert [r.split()[4] for r in rows] == ["0", "1"]  # MIG Dev renumbered
+    _, out, _ = run(state, "-L", visible="0:0", tmp_path=tmp_path)
+    assert out.count("  MIG ") == 1
+
+
+def test_id_filter(tmp_path):
+    state = smi.build_state("a100-80gb", 3, "n")
+    _, out, _ = run(state, "-L", "-i", "2", tmp_path=tmp_path)
+    assert out.startswith("GPU 2:")
+    _, out, _ = run(state, "-L", "--id=00000000:2A:00.0", tmp_path=tmp_path)
+    assert out.startswith("GPU 1:")
+    rc, out, _ = run(state, "-i", "9", tmp_path=tmp_path)
+    assert (rc, out) == (6, "No devices were found\n")
+
+
+def test_version_and_help(tmp_path):
+    rc, out, _ = run(smi.build_state("l4", 1, "n"), "--version", tmp_path=tmp_path)
+    assert rc == 0 and out.splitlines() == ["NVIDIA-SMI version  : 580.159.04", "NVML version        : 580.159",
+                                            "DRIVER version      : 580.159.04", "CUDA Version        : 13.0"]
+    rc, out, _ = run(smi.build_state("l4", 1, "n"), "-h", tmp_path=tmp_path)
+    assert rc == 0 and "NVIDIA System Management Interface -- v580.159.04" in out and "--query-gpu" in out
+
+
+def test_loop_rereads_the_state(tmp_path, monkeypatch):
+    state = smi.build_state("l4", 1, "n")
+    path = tmp_path / "smi.json"
+    smi.write_state(str(path), state)
+    frames = []
+
+    def fake_sleep(_seconds):
+        frames.append(1)
+        if len(frames) == 2:
+            raise KeyboardInterrupt
+        state["gpus"][0]["utilization_gpu"] = 55
+        smi.write_state(str(path), state)
+
+    monkeypatch.setattr(smi.time, "sleep", fake_sleep)
+    out = io.StringIO()
+    rc = smi.run(["--query-gpu=utilization.gpu", "--format=csv,noheader", "-l", "1"],
+                 env={smi.STATE_ENV: str(path), smi.VISIBLE_ENV: "all"}, out=out, err=io.StringIO())
+    assert rc == 0 and out.getvalue() == "0 %\n55 %\n"
+
+
+# -- CUDA errors -----------------------------------------------------------------------------
+
+
+def test_cuda_error_strings_are_available():
+    assert smi.CUDA_ERRORS["cudaErrorInsufficientDriver"].message == (
+        "CUDA driver version is insufficient for CUDA runtime version")
+    assert smi.CUDA_ERRORS["cudaErrorNoDevice"].message == "no CUDA-capable device is detected"
+    assert smi.CUDA_ERRORS["cudaErrorSystemNotReady"].message == "system not yet initialized"
+    assert {e.code for e in smi.CUDA_ERRORS.values()} == {35, 100, 802}
+    assert set(smi.FAULT_CUDA_ERRORS) == set(smi.FAULTS)
+
+
+def test_which_fault_triggers_which_cuda_error():
+    ok = smi.build_state("h100-80gb", 1, "n")
+    assert smi.cuda_error(ok, "all", "12.6") is None
+    assert smi.cuda_error(None, "all") is smi.CUDA_ERROR_INSUFFICIENT_DRIVER
+    assert smi.cuda_error(ok, None) is smi.CUDA_ERROR_INSUFFICIENT_DRIVER
+    assert smi.cuda_error(ok, "none") is smi.CUDA_ERROR_NO_DEVICE
+    assert smi.cuda_error(ok, "all", "13.1") is smi.CUDA_ERROR_INSUFFICIENT_DRIVER
+    old = smi.build_state("h100-80gb", 1, "n", driver_version="535.54.03", cuda_version="12.2")
+    assert smi.cuda_error(old, "all", "12.6") is smi.CUDA_ERROR_INSUFFICIENT_DRIVER
+    for fault, expected in smi.FAULT_CUDA_ERRORS.items():
+        assert smi.cuda_error(smi.build_state("h100-80gb", 1, "n", fault=fault), "all") is expected
+    empty = smi.build_state("h100-80gb", 1, "n", mig_layout="all-enabled")
+    assert smi.cuda_error(empty, "all") is smi.CUDA_ERROR_NO_DEVICE
+
+
+# -- integration with the rest of fakegpu ---------------------------------------------------
+
+
+def test_device_plugin_ids_resolve_in_nvidia_smi(tmp_path):
+    cfg = parse_config("sharing:\n  timeSlicing:\n    resources: [{name: nvidia.com/gpu, replicas: 4}]")
+    res = advertised_resources("h100-80gb", 2, "gpu-node-1", cfg)
+    state = smi.build_state("h100-80gb", 2, "gpu-node-1")
+    replica = res.get("nvidia.com/gpu").ids[5]                  # a replica of GPU 1
+    _, out, _ = run(state, "-L", visible=replica, tmp_path=tmp_path)
+    assert out == f"GPU 0: NVIDIA H100 80GB HBM3 (UUID: {gpu_uuid('gpu-node-1', 1)})\n"
+    mixed = advertised_resources("h100-80gb", 1, "gpu-node-1", mig_layout="all-1g.10gb", mig_strategy="mixed")
+    mstate = smi.build_state("h100-80gb", 1, "gpu-node-1", mig_layout="all-1g.10gb")
+    assert [d.id for d in mixed.get("nvidia.com/mig-1g.10gb").devices] == [
+        m["uuid"] for m in mstate["gpus"][0]["mig_devices"]]
+
+
+def test_the_device_plugins_allocation_file_is_understood(tmp_path):
+    res = advertised_resources("h100-80gb", 1, "n", mig_layout="all-balanced", mig_strategy="mixed")
+    state = smi.build_state("h100-80gb", 1, "n", mig_layout="all-balanced")
+    inventory = res.to_inventory(state)
+    dev = inventory["resources"][1]["devices"][0]   # the 2g.20gb
+    document = {"allocationID": "x", "resource": inventory["resources"][1]["name"], "deviceIDs": [dev["id"]],
+                "visibleDevices": [dev["uuid"]], "devices": [dev["info"]]}
+    path = tmp_path / "alloc.json"
+    path.write_text(json.dumps(document))
+    out = io.StringIO()
+    rc = smi.run(["-L"], env={smi.STATE_ENV: str(path), smi.VISIBLE_ENV: dev["uuid"]}, out=out, err=io.StringIO())
+    assert rc == 0
+    assert out.getvalue().splitlines()[1] == f"  MIG 2g.20gb     Device  0: (UUID: {dev['uuid']})"
+    path.write_text(json.dumps({**document, "devices": [{"uuid": dev["uuid"]}]}))
+    err = io.StringIO()
+    assert smi.run(["-L"], env={smi.STATE_ENV: str(path), smi.VISIBLE_ENV: "all"}, out=io.StringIO(), err=err) == 255
+    assert "to_inventory" in err.getvalue()
+
+
+def test_write_state_is_atomic_and_round_trips(tmp_path):
+    state = smi.build_state("l4", 2, "n")
+    path = tmp_path / "s.json"
+    smi.write_state(str(path), state)
+    assert smi.read_state(str(path)) == json.loads(json.dumps(state))
+    assert [p.name for p in tmp_path.iterdir()] == ["s.json"]
+    with pytest.raises(ValueError, match="unknown fault"):
+        smi.build_state("l4", 1, "n", fault="gremlins")
+
+
+# -- it runs as a command, on the standard library alone ------------------------------------
+
+
+def _state_file(tmp_path: Path) -> str:
+    path = tmp_path / "s.json"
+    smi.write_state(str(path), smi.build_state("h100-80gb", 1, "n"))
+    return str(path)
+
+
+@pytest.mark.parametrize("how", ["script", "module"])
+def test_runs_as_a_command_without_gpulab_dependencies(tmp_path, how):
+    env = {"PATH": os.environ.get("PATH", ""), smi.STATE_ENV: _state_file(tmp_path), smi.VISIBLE_ENV: "all"}
+    probe = (
+        "import runpy, sys\n"
+        "sys.argv = ['nvidia-smi', '-L']\n"
+        "try:\n"
+        f"    runpy.run_{'path' if how == 'script' else 'module'}({str(SCRIPT)!r} if {how == 'script'} "
+        "else 'gpulab.fakegpu.nvidiasmi', run_name='__main__')\n"
+        "except SystemExit as e:\n"
+        "    bad = sorted(m for m in sys.modules if m.split('.')[0] in ('yaml', 'grpc', 'kubernetes')"
+        " or (m.startswith('gpulab') and m not in ('gpulab', 'gpulab.fakegpu', 'gpulab.fakegpu.nvidiasmi')))\n"
+        "    print('IMPORTED', bad, 'RC', e.code)\n"
+    )
+    cwd = str(REPO) if how == "module" else str(tmp_path)
+    proc = subprocess.run([sys.executable, "-c", probe], env=env, cwd=cwd, capture_output=True, text=True,
+                          timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-")
+    assert proc.stdout.strip().endswith("IMPORTED [] RC 0")
+
+
+def test_script_entry_point(tmp_path):
+    env = {"PATH": os.environ.get("PATH", ""), smi.STATE_ENV: _state_file(tmp_path), smi.VISIBLE_ENV: "none"}
+    proc = subprocess.run([sys.executable, str(SCRIPT)], env=env, capture_output=True, text=True, timeout=30,
+                          cwd=str(tmp_path))
+    assert (proc.returncode, proc.stdout) == (6, "No devices were found\n")
