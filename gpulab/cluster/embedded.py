@@ -128,14 +128,21 @@ class EmbeddedCluster:
 
         started_now: list[str] = []
         try:
-            for name in COMPONENTS:
-                if name in running:
+            # etcd and the apiserver one after the other (each needs the one
+            # before); everything else talks only to the apiserver and starts
+            # at once.
+            for wave in (COMPONENTS[:1], COMPONENTS[1:2], COMPONENTS[2:]):
+                todo = [n for n in wave if n not in running]
+                if not todo:
                     continue
-                comp = self._component(name, bins, ports)
-                say(f"starting {name}")
-                self.procs.start(comp, timeout=60, say=say)
-                started_now.append(name)
-                if name == "kube-apiserver":
+                say(f"starting {', '.join(todo)}")
+                spawned = []
+                for name in todo:
+                    comp = self._component(name, bins, ports)
+                    spawned.append((comp, self.procs.spawn(comp)))
+                    started_now.append(name)
+                self.procs.wait_ready(spawned, timeout=60)
+                if "kube-apiserver" in wave:
                     nodes.bootstrap(self, topo, bins.kwok_crds, say)
             nodes.wait_ready(self, topo, timeout=max(10.0, timeout - (time.monotonic() - started)))
         except BaseException as e:

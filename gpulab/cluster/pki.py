@@ -5,7 +5,9 @@ and localhost only), the admin client certificate used by gpulab, kubectl and
 the notebooks (``system:masters``), one client certificate per control-plane
 component (so the apiserver's audit and RBAC see real identities), and on
 demand client certificates for namespace-scoped identities (grading).
-The service-account token signing key is a separate RSA key.
+The service-account token signing key is a separate key. All keys are ECDSA
+P-256: Kubernetes accepts them everywhere, and they are generated in a
+millisecond where RSA keys take a tenth of a second each.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from pathlib import Path
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import rsa
+from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 VALIDITY = dt.timedelta(days=3650)
@@ -35,11 +37,11 @@ COMPONENTS = (
 )
 
 
-def _key() -> rsa.RSAPrivateKey:
-    return rsa.generate_private_key(public_exponent=65537, key_size=2048)
+def _key() -> ec.EllipticCurvePrivateKey:
+    return ec.generate_private_key(ec.SECP256R1())
 
 
-def _write_key(key: rsa.RSAPrivateKey, path: Path) -> None:
+def _write_key(key: ec.EllipticCurvePrivateKey, path: Path) -> None:
     path.write_bytes(
         key.private_bytes(
             serialization.Encoding.PEM,
@@ -54,17 +56,17 @@ def _write_cert(cert: x509.Certificate, path: Path) -> None:
     path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
 
 
-def _load(pki: Path, stem: str) -> tuple[x509.Certificate, rsa.RSAPrivateKey]:
+def _load(pki: Path, stem: str) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
     cert = x509.load_pem_x509_certificate((pki / f"{stem}.crt").read_bytes())
     key = serialization.load_pem_private_key((pki / f"{stem}.key").read_bytes(), None)
-    assert isinstance(key, rsa.RSAPrivateKey)
+    assert isinstance(key, ec.EllipticCurvePrivateKey)
     return cert, key
 
 
 def _sign(
     subject: x509.Name,
-    key: rsa.RSAPrivateKey,
-    ca: tuple[x509.Certificate, rsa.RSAPrivateKey] | None,
+    key: ec.EllipticCurvePrivateKey,
+    ca: tuple[x509.Certificate, ec.EllipticCurvePrivateKey] | None,
     *,
     is_ca: bool = False,
     server: bool = False,

@@ -106,38 +106,48 @@ class ProcessTable:
                     out[rec.stem] = pid
         return out
 
-    def start(self, comp: Component, timeout: float, say: Callable[[str], None]) -> int:
+    def spawn(self, comp: Component) -> subprocess.Popen:
+        """Start ``comp`` detached; see :meth:`wait_ready`."""
         self.pids.mkdir(parents=True, exist_ok=True)
         self.logs.mkdir(parents=True, exist_ok=True)
-        log = open(self.log(comp.name), "ab")
-        log.write(f"\n==== gpulab: starting {comp.name} at {time.strftime('%F %T')} ====\n".encode())
-        log.flush()
-        proc = subprocess.Popen(
-            comp.argv,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            env=comp.env or os.environ.copy(),
-            close_fds=True,
-        )
-        log.close()
+        with open(self.log(comp.name), "ab") as log:
+            log.write(f"\n==== gpulab: starting {comp.name} at {time.strftime('%F %T')} ====\n".encode())
+            log.flush()
+            proc = subprocess.Popen(
+                comp.argv,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                env=comp.env or os.environ.copy(),
+                close_fds=True,
+            )
         self._record(comp.name).write_text(json.dumps({"pid": proc.pid, "argv0": comp.argv[0]}))
+        return proc
+
+    def wait_ready(self, started: list[tuple[Component, subprocess.Popen]], timeout: float) -> None:
+        """Wait until every component serves; stop the ones that do not and raise."""
+        pending = list(started)
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                raise StartError(
-                    f"{comp.name} exited with code {proc.returncode} while starting; "
-                    f"last lines of {self.log(comp.name)}:\n{tail(self.log(comp.name))}"
-                )
-            if comp.ready():
-                return proc.pid
-            time.sleep(0.1)
-        self.stop(comp.name, grace=3)
-        raise StartError(
-            f"{comp.name} did not become ready within {timeout:.0f} s; "
-            f"last lines of {self.log(comp.name)}:\n{tail(self.log(comp.name))}"
-        )
+        while pending and time.monotonic() < deadline:
+            for comp, proc in list(pending):
+                if proc.poll() is not None:
+                    raise StartError(
+                        f"{comp.name} exited with code {proc.returncode} while starting; "
+                        f"last lines of {self.log(comp.name)}:\n{tail(self.log(comp.name))}"
+                    )
+                if comp.ready():
+                    pending.remove((comp, proc))
+            if pending:
+                time.sleep(0.05)
+        if pending:
+            comp = pending[0][0]
+            for c, _ in pending:
+                self.stop(c.name, grace=3)
+            raise StartError(
+                f"{comp.name} did not become ready within {timeout:.0f} s; "
+                f"last lines of {self.log(comp.name)}:\n{tail(self.log(comp.name))}"
+            )
 
     def stop(self, name: str, grace: float = 10.0) -> bool:
         pid = self.pid(name)
