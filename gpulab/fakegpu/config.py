@@ -37,6 +37,7 @@ import yaml
 
 from gpulab.fakegpu.models import (
     GpuModel,
+    GpuModelError,
     MigLayout,
     MigSlice,
     get_model,
@@ -289,6 +290,8 @@ _StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _c
 def _load_yaml(text: str | bytes, source: str) -> Any:
     try:
         return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - SafeLoader subclass
+    except ConfigError as exc:  # duplicate key: name the document too
+        raise ConfigError(f"{source} ({exc.path})", exc.problem) from None
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "?"
@@ -931,6 +934,13 @@ def resolve_mig_layout(model: GpuModel, mig_layout: MigLayout | str | None) -> M
     if isinstance(mig_layout, MigLayout):
         if mig_layout.mig_enabled and not model.mig_capable:
             return model.layout(mig_layout.name)  # raises MigNotSupported
+        own = set(model.mig_profiles)
+        foreign = sorted({s.profile.name for s in mig_layout.slices if s.profile not in own})
+        if foreign:
+            raise GpuModelError(
+                f"MIG layout {mig_layout.name!r} uses profiles {', '.join(foreign)} that a "
+                f"{model.product_name} does not have"
+            )
         return mig_layout
     return model.layout(mig_layout)
 

@@ -1,35 +1,27 @@
 """Node labels for simulated GPU nodes: NFD, GPU Operator and GFD.
 
 Three components label a real GPU node, and learners should be able to tell
-them apart (the chapter makes the point that NFD *describes*, the device
-plugin *advertises*, GFD *labels for selection*):
+them apart (the chapter's point: NFD *describes* the hardware, the device
+plugin *advertises* resources, GFD *labels for selection*). Who writes what:
 
-============================================  =============================
-label                                         written by
-============================================  =============================
-``feature.node.kubernetes.io/pci-10de.present``  NFD (PCI vendor 0x10de seen)
-``nvidia.com/gpu.present``                    GPU Operator, from the NFD label
-``nvidia.com/gpu.deploy.<operand>``           GPU Operator (operand selectors)
-``nvidia.com/mig.config``                     GPU Operator default
-                                              (``all-disabled``); then the user
-``nvidia.com/mig.config.state``               MIG Manager (see ``mig.py``)
-``nvidia.com/device-plugin.config``           the user (config selector)
-``nvidia.com/gfd.timestamp``                  GFD
-``nvidia.com/cuda.driver.*``,                 GFD (driver version; the
-``nvidia.com/cuda.driver-version.*``          ``cuda.driver.*`` form is the
-                                              deprecated one)
-``nvidia.com/cuda.runtime.*``,                GFD — despite the name, the CUDA
-``nvidia.com/cuda.runtime-version.*``         version the *driver* supports
-``nvidia.com/gpu.{product,count,memory,       GFD
-replicas,sharing-strategy,family,
-compute.major,compute.minor,machine,mode}``
-``nvidia.com/gpu.{multiprocessors,slices.*,   GFD, MIG strategy ``single``
-engines.*}``
-``nvidia.com/mig-<profile>.*``                GFD, MIG strategy ``mixed``
-``nvidia.com/mig.capable``,                   GFD
-``nvidia.com/mig.strategy``,
-``nvidia.com/mps.capable``
-============================================  =============================
+- NFD: ``feature.node.kubernetes.io/pci-10de.present`` (a PCI device of
+  vendor 0x10de exists).
+- GPU Operator: ``nvidia.com/gpu.present`` (derived from the NFD label),
+  ``nvidia.com/gpu.deploy.<operand>`` (node selectors of its operands),
+  ``nvidia.com/mig.config`` (default ``all-disabled`` on MIG-capable nodes;
+  afterwards the user's choice).
+- MIG Manager: ``nvidia.com/mig.config.state`` (see ``mig.py``).
+- The user: ``nvidia.com/device-plugin.config`` (picks a sharing config).
+- GFD: ``nvidia.com/gfd.timestamp``; driver version as
+  ``nvidia.com/cuda.driver-version.*`` and the deprecated
+  ``nvidia.com/cuda.driver.*``; ``nvidia.com/cuda.runtime-version.*`` and
+  ``nvidia.com/cuda.runtime.*`` which, despite the name, hold the CUDA version
+  the *driver* supports; ``nvidia.com/gpu.{product,count,memory,replicas,
+  sharing-strategy,family,compute.major,compute.minor,machine,mode}``;
+  ``nvidia.com/gpu.{multiprocessors,slices.*,engines.*}`` under MIG strategy
+  ``single``; ``nvidia.com/mig-<profile>.*`` under ``mixed``;
+  ``nvidia.com/mig.capable``, ``nvidia.com/mig.strategy`` (only for
+  single/mixed) and ``nvidia.com/mps.capable``.
 
 All functions here are pure: the same inputs give the same labels, and time
 only enters through the ``timestamp`` / ``clock`` arguments.

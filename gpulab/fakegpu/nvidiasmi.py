@@ -591,8 +591,8 @@ def _process_rows(views: list[_View]) -> list[str]:
 
 def render_table(state: dict, views: list[_View]) -> str:
     """The output of plain ``nvidia-smi``."""
-    driver = str(state.get("driver_version", ""))
-    cuda = str(state.get("cuda_version", ""))
+    driver = str(state.get("driver_version", "N/A"))
+    cuda = str(state.get("cuda_version", "N/A"))
     lines = [
         _ctime(_now(state)) + "       ",
         _rule(),
@@ -760,7 +760,6 @@ _QUERY_ALIASES = {
     "gpu_serial": "serial",
     "gpu_uuid": "uuid",
     "gpu_bus_id": "pci.bus_id",
-    "pci.sub_device_id": "pci.sub_device_id",
     "clocks.gr": "clocks.current.graphics",
     "clocks.sm": "clocks.current.sm",
     "clocks.mem": "clocks.current.memory",

@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from gpulab.fakegpu import config as c
-from gpulab.fakegpu.models import MigNotSupported, get_model, gpu_uuid, mig_uuid
+from gpulab.fakegpu.models import GpuModelError, MigNotSupported, get_model, gpu_uuid, mig_uuid
 
 # The chapter's ConfigMap, verbatim.
 CHAPTER_CONFIGMAP = """\
@@ -178,9 +178,9 @@ MALFORMED = [
     ("sharing:\n  mps:\n    resources: [{name: nvidia.com/mig-1g.10gb, replicas: 2}]",
      "config.sharing.mps.resources[0].name", "MPS can only share full GPUs"),
     ("imex:\n  channelIDs: [1, 2]", "config.imex.channelIDs", "allowed: [] or [0]"),
-    ("version: v1\nversion: v1", "line 2, column 1", "duplicate key 'version'"),
+    ("version: v1\nversion: v1", "config (line 2, column 1)", "duplicate key 'version'"),
     ("sharing:\n  timeSlicing:\n    resources:\n    - name: gpu\n      replicas: 2\n      replicas: 4",
-     "line 6, column 7", "duplicate key 'replicas'"),
+     "config (line 6, column 7)", "duplicate key 'replicas'"),
     ("flags:\n  migStrategy: none\n  migstrategy: mixed", "config.flags.migstrategy", "set twice"),
 ]
 
@@ -395,6 +395,16 @@ def test_mps_and_mig_do_not_mix():
 def test_l4_cannot_take_a_mig_layout():
     with pytest.raises(MigNotSupported):
         c.advertised_resources("l4", 1, "n", mig_layout="all-1g.10gb", mig_strategy="mixed")
+    with pytest.raises(MigNotSupported):
+        c.advertised_resources("l4", 1, "n", mig_layout=get_model("h100-80gb").layout("all-1g.10gb"))
+
+
+def test_a_layout_object_of_another_model_is_refused():
+    h100_layout = get_model("h100-80gb").layout("all-1g.10gb")
+    with pytest.raises(GpuModelError, match="NVIDIA A100-SXM4-40GB does not have"):
+        c.advertised_resources("a100-40gb", 1, "n", mig_layout=h100_layout, mig_strategy="mixed")
+    same = c.advertised_resources("h100-80gb", 1, "n", mig_layout=h100_layout, mig_strategy="mixed")
+    assert same.capacity() == {"nvidia.com/mig-1g.10gb": 7}
 
 
 def test_bad_gpu_counts():
