@@ -124,7 +124,7 @@ def discover_submissions(submissions_dir: str | Path, lab: str) -> list[Submissi
     if not root.is_dir():
         raise NotADirectoryError(f"{root}: submissions directory does not exist")
     candidates: dict[str, list[Path]] = {}
-    problems: dict[str, str] = {}
+    problems: dict[str, tuple[str, str]] = {}  # learner -> (status, reason)
     prefix = _lab_prefix(lab)
     for entry in sorted(root.iterdir()):
         if entry.name.startswith((".", "_")):
@@ -132,25 +132,25 @@ def discover_submissions(submissions_dir: str | Path, lab: str) -> list[Submissi
         if entry.is_file() and entry.suffix == ".ipynb":
             candidates.setdefault(entry.stem, []).append(entry)
         elif entry.is_dir():
+            found = candidates.setdefault(entry.name, [])
             notebooks = sorted(p for p in entry.glob("*.ipynb") if not p.name.startswith("."))
             if len(notebooks) > 1:
                 named = [p for p in notebooks if p.stem == lab or (prefix and p.stem.startswith(prefix))]
                 notebooks = named if len(named) == 1 else notebooks
             if not notebooks:
-                problems[entry.name] = f"{entry.name}/ contains no .ipynb file"
-                candidates.setdefault(entry.name, [])
+                problems[entry.name] = ("no-notebook", f"{entry.name}/ contains no .ipynb file")
             elif len(notebooks) > 1:
-                problems[entry.name] = (f"{entry.name}/ holds several notebooks "
+                problems[entry.name] = ("ambiguous-submission",
+                                        f"{entry.name}/ holds several notebooks "
                                         f"({', '.join(p.name for p in notebooks)}), none clearly for lab {lab}")
-                candidates.setdefault(entry.name, [])
             else:
-                candidates.setdefault(entry.name, []).append(notebooks[0])
+                found.append(notebooks[0])
     subs = []
     for learner in sorted(candidates):
         paths = candidates[learner]
         if learner in problems and not paths:
-            status = "no-notebook" if "no .ipynb" in problems[learner] else "ambiguous-submission"
-            subs.append(Submission(learner, None, status, problems[learner]))
+            status, reason = problems[learner]
+            subs.append(Submission(learner, None, status, reason))
         elif len(paths) > 1 or learner in problems:
             listed = ", ".join(str(p.relative_to(root)) for p in paths)
             subs.append(Submission(learner, None, "ambiguous-submission",
@@ -216,6 +216,17 @@ class BatchResult:
     gradebook: Path
     out_dir: Path
     suite: CheckSuite
+
+    def summary_text(self) -> str:
+        """A short English report for the CLI: counts per status and where the files are."""
+        counts: dict[str, int] = {}
+        for row in self.rows:
+            counts[row.status] = counts.get(row.status, 0) + 1
+        graded = [r.total for r in self.rows if r.total is not None]
+        mean = f", mean {_fmt(sum(graded) / len(graded))}/{_fmt(self.suite.max_points)}" if graded else ""
+        statuses = ", ".join(f"{status} {n}" for status, n in sorted(counts.items()))
+        return (f"lab {self.lab}: {len(self.rows)} submission(s) ({statuses or 'none'}){mean}\n"
+                f"gradebook: {self.gradebook}\nfeedback:  {self.out_dir / 'feedback'}")
 
 
 def _fmt(value: float | None) -> str:

@@ -36,6 +36,8 @@ from typing import Any, ClassVar
 
 import yaml
 
+from gpulab import paths
+
 QUESTION_TYPES = ("single", "multiple", "numeric", "short")
 _ID_RE = re.compile(r"^[a-z0-9][a-z0-9-]*$")
 _OPTION_ID_RE = re.compile(r"^[a-z0-9]+$")
@@ -297,7 +299,7 @@ def quiz_dir() -> Path:
     override = os.environ.get("GPULAB_QUIZ_DIR")
     if override:
         return Path(override)
-    return Path(__file__).resolve().parents[2] / "quizzes"
+    return paths.repo_root() / "quizzes"
 
 
 class _Problems:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gpulab import paths
 from gpulab._fsutil import atomic_write_json, locked
 
 from .bank import Bank, load_all
@@ -34,8 +35,8 @@ FORMAT_VERSION = 1
 
 
 def gpulab_home() -> Path:
-    """``$GPULAB_HOME`` or ``~/.gpulab``."""
-    return Path(os.environ.get("GPULAB_HOME") or Path.home() / ".gpulab").expanduser()
+    """``$GPULAB_HOME`` or ``~/.gpulab`` (shared with the cluster's state, see :mod:`gpulab.paths`)."""
+    return paths.home()
 
 
 def progress_path() -> Path:

@@ -80,8 +80,9 @@ def _feedback_html(feedback: Feedback, previous: bool = False) -> str:
             f'<div class="gpulab-explanation"><strong>解析：</strong>{markdown_to_html(feedback.explanation)}</div>')
 
 
-def _option_label(option_id: str, text: str) -> str:
-    return f"{option_id.upper()}. {text}"
+def _option_label(option_id: str, text: str, plain: bool = False) -> str:
+    # Widget labels are plain text, so inline-code backticks would show literally there.
+    return f"{option_id.upper()}. {text.replace('`', '') if plain else text}"
 
 
 # --------------------------------------------------------------------------- widget views
@@ -101,11 +102,12 @@ class QuestionView:
         self.prompt = w.HTML(markdown_to_html(type_tag + question.prompt), layout=full)
         self.checkboxes: dict[str, Any] = {}
         if isinstance(question, SingleChoice):
-            self.input = w.RadioButtons(options=[(_option_label(o.id, o.text), o.id) for o in question.options],
-                                        value=None, layout=full, style={"description_width": "0px"})
+            choices = [(_option_label(o.id, o.text, plain=True), o.id) for o in question.options]
+            self.input = w.RadioButtons(options=choices, value=None, layout=full, style={"description_width": "0px"})
         elif isinstance(question, MultipleChoice):
             for o in question.options:
-                box = w.Checkbox(value=False, description=_option_label(o.id, o.text), indent=False, layout=full)
+                box = w.Checkbox(value=False, description=_option_label(o.id, o.text, plain=True), indent=False,
+                                 layout=full)
                 box.add_class("gpulab-quiz-option")
                 box.add_class(f"gpulab-quiz-option-{o.id}")
                 self.checkboxes[o.id] = box

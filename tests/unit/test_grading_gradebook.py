@@ -111,6 +111,20 @@ def test_discovery_rules(submissions):
     assert subs["erin"].problem == "no-notebook"
 
 
+def test_ambiguous_submissions_are_rows_not_guesses(tmp_path):
+    d = tmp_path / "subs"
+    _fake_submission(d / "frank.ipynb")
+    _fake_submission(d / "frank" / "anything.ipynb")
+    _fake_submission(d / "gina" / "draft.ipynb")
+    _fake_submission(d / "gina" / "final.ipynb")
+    _fake_submission(d / "hana" / "notes.ipynb")
+    _fake_submission(d / "hana" / "03-scheduling.ipynb")
+    subs = {s.learner: s for s in discover_submissions(d, "03-scheduling")}
+    assert subs["frank"].problem == "ambiguous-submission" and "frank.ipynb" in subs["frank"].reason
+    assert subs["gina"].problem == "ambiguous-submission"
+    assert subs["hana"].notebook.name == "03-scheduling.ipynb"
+
+
 def test_batch_isolates_every_failure(submissions, tmp_path):
     events = []
     runner = FakeRunner()
@@ -134,6 +148,8 @@ def test_batch_isolates_every_failure(submissions, tmp_path):
     assert [e.phase for e in events] == ["start", "done"] * 5 and events[-1].index == events[-1].total == 5
     for learner in rows:
         assert (tmp_path / "out" / "feedback" / f"{learner}.md").exists()
+    assert result.summary_text().startswith("lab example: 5 submission(s) (grader-error 1, invalid-notebook 1, "
+                                            "no-notebook 1, ok 1, timeout 1), mean 2.5/12")
 
 
 def test_feedback_is_chinese_and_never_reveals_hidden_checks(submissions, tmp_path):
