@@ -1,0 +1,164 @@
+"""Cluster bring-up benchmark: warm `gpulab up`, `gpulab down`, RSS, and kwokctl as the anchor.
+
+    .venv/bin/python bench/cluster_bench.py [--runs 5] [--cold]
+
+--cold also measures a build from nothing (fresh Go module and build caches
+and a fresh gpulab cache, all in a temp dir): tens of minutes on 2 cores.
+Results print as a Markdown table for BENCHMARKS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from gpulab.cluster import binaries  # noqa: E402
+from gpulab.cluster.embedded import EmbeddedCluster  # noqa: E402
+
+
+def tree_rss(pids: list[int]) -> int:
+    total = 0
+    seen = set()
+    for pid in pids:
+        try:
+            procs = [psutil.Process(pid)] + psutil.Process(pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            continue
+        for p in procs:
+            if p.pid in seen:
+                continue
+            seen.add(p.pid)
+            try:
+                total += p.memory_info().rss
+            except psutil.NoSuchProcess:
+                pass
+    return total
+
+
+def quiet(msg: str) -> None:
+    pass
+
+
+def bench_gpulab(runs: int) -> dict[str, list[float]]:
+    out: dict[str, list[float]] = {"fresh_up": [], "restart_up": [], "down": [], "rss_mib": []}
+    for i in range(runs):
+        home = Path(tempfile.mkdtemp(prefix="glb-", dir="/tmp"))
+        c = EmbeddedCluster(home / "cluster")
+        try:
+            t = time.monotonic()
+            c.up(say=quiet)
+            out["fresh_up"].append(time.monotonic() - t)
+            time.sleep(5)  # let the controllers settle before measuring memory
+            out["rss_mib"].append(tree_rss(list(c.running().values())) / 2**20)
+            t = time.monotonic()
+            c.down()
+            out["down"].append(time.monotonic() - t)
+            t = time.monotonic()
+            c.up(say=quiet)
+            out["restart_up"].append(time.monotonic() - t)
+        finally:
+            c.down(purge=True)
+            shutil.rmtree(home, ignore_errors=True)
+        print(f"run {i + 1}/{runs}: fresh up {out['fresh_up'][-1]:.2f} s, restart up {out['restart_up'][-1]:.2f} s, "
+              f"down {out['down'][-1]:.2f} s, RSS {out['rss_mib'][-1]:.0f} MiB", file=sys.stderr)
+    return out
+
+
+def bench_kwokctl(runs: int) -> dict[str, list[float]]:
+    """`kwokctl create cluster --runtime binary` with the same binaries, as the anchor."""
+    bins = binaries.ensure(quiet)
+    kwokctl = bins["kwokctl"]
+    out: dict[str, list[float]] = {"create": [], "rss_mib": []}
+    for i in range(runs):
+        work = Path(tempfile.mkdtemp(prefix="kwb-", dir="/tmp"))
+        cfg = work / "kwokctl.yaml"
+        cfg.write_text(
+            "kind: KwokctlConfiguration\napiVersion: config.kwok.x-k8s.io/v1alpha1\noptions:\n"
+            "  runtime: binary\n  bindAddress: 127.0.0.1\n"
+            f"  kubeApiserverBinary: {bins['kube-apiserver']}\n"
+            f"  kubeControllerManagerBinary: {bins['kube-controller-manager']}\n"
+            f"  kubeSchedulerBinary: {bins['kube-scheduler']}\n"
+            f"  kwokControllerBinary: {bins['kwok']}\n"
+            f"  etcdBinary: {bins['etcd']}\n"
+        )
+        env = dict(os.environ, KWOK_WORKDIR=str(work / "kwok"),
+                   PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+        name = f"bench{i}"
+        try:
+            t = time.monotonic()
+            subprocess.run([str(kwokctl), "-c", str(cfg), "create", "cluster", "--name", name, "--runtime", "binary",
+                            "--wait", "2m", "--kubeconfig", str(work / "kubeconfig")],
+                           env=env, check=True, capture_output=True)
+            out["create"].append(time.monotonic() - t)
+            time.sleep(5)
+            pids = []
+            for pidfile in (work / "kwok" / "clusters" / name / "pids").glob("*.pid"):
+                try:
+                    pids.append(int(pidfile.read_text().strip()))
+                except ValueError:
+                    pass
+            out["rss_mib"].append(tree_rss(pids) / 2**20)
+        finally:
+            subprocess.run([str(kwokctl), "delete", "cluster", "--name", name, "--kubeconfig", str(work / "kubeconfig")],
+                           env=env, capture_output=True)
+            shutil.rmtree(work, ignore_errors=True)
+        print(f"kwokctl run {i + 1}/{runs}: create {out['create'][-1]:.2f} s, RSS {out['rss_mib'][-1]:.0f} MiB",
+              file=sys.stderr)
+    return out
+
+
+def bench_cold() -> float:
+    tmp = Path(tempfile.mkdtemp(prefix="glcold-", dir="/tmp"))
+    env = dict(os.environ, GPULAB_CACHE=str(tmp / "cache"), GOCACHE=str(tmp / "gocache"),
+               GOMODCACHE=str(tmp / "gomod"))
+    env.pop("GPULAB_BIN_DIR", None)
+    t = time.monotonic()
+    subprocess.run([sys.executable, "-m", "gpulab.cli", "build"], env=env, check=True, cwd=REPO)
+    took = time.monotonic() - t
+    subprocess.run(["chmod", "-R", "u+w", str(tmp)], check=False)
+    shutil.rmtree(tmp, ignore_errors=True)
+    return took
+
+
+def fmt(values: list[float]) -> str:
+    if not values:
+        return "-"
+    return f"{statistics.median(values):.2f} (min {min(values):.2f}, max {max(values):.2f})"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--cold", action="store_true")
+    args = ap.parse_args()
+    cold = bench_cold() if args.cold else None
+    g = bench_gpulab(args.runs)
+    k = bench_kwokctl(args.runs)
+    ratio = statistics.median(g["fresh_up"]) / statistics.median(k["create"])
+    print(f"\n| measure ({args.runs} runs, median (min, max)) | value |\n|---|---|")
+    if cold is not None:
+        print(f"| cold build of all binaries (empty Go caches) | {cold / 60:.1f} min |")
+    print(f"| warm `gpulab up`, fresh state, until 3 nodes Ready | {fmt(g['fresh_up'])} s |")
+    print(f"| warm `gpulab up`, existing state (after `down`) | {fmt(g['restart_up'])} s |")
+    print(f"| `gpulab down` | {fmt(g['down'])} s |")
+    print(f"| RSS of all cluster processes, default topology | {fmt(g['rss_mib'])} MiB |")
+    print(f"| `kwokctl create cluster --runtime binary`, same binaries | {fmt(k['create'])} s |")
+    print(f"| kwokctl cluster RSS | {fmt(k['rss_mib'])} MiB |")
+    print(f"| gpulab fresh up / kwokctl create | {ratio:.2f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
