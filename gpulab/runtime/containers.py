@@ -5,6 +5,9 @@ Two kinds, decided by the container spec alone:
 - **process**: the spec has ``command`` or ``args``; they run for real in a
   sandbox (:mod:`gpulab.runtime.sandbox`); output becomes the container log,
   the exit code its termination state.
+- **built-in program**: the image is one registered in
+  :mod:`gpulab.runtime.programs` (the GPU stack's images); its program runs
+  in the node agent for this container's node.
 - **simulated**: no ``command``/``args`` (the image's entrypoint would run,
   and there are no images here): the container is Running until stopped.
   The annotation ``gpulab.io/model-load-seconds`` (or
@@ -23,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import logs, sandbox
+from . import logs, programs, sandbox
 
 LOAD_ANNOTATION = "gpulab.io/model-load-seconds"
 # A container may not run longer than this on a 2-core teaching machine;
@@ -78,7 +81,9 @@ class Container:
         self.init = init
         self.sidecar = init and spec.get("restartPolicy") == "Always"
         self.pod_dir = pod_dir
-        self.simulated = not spec.get("command") and not spec.get("args")
+        self.factory = programs.lookup(spec.get("image", ""))
+        self.simulated = self.factory is None and not spec.get("command") and not spec.get("args")
+        self.program: programs.Program | None = None
         self.load_seconds = load_seconds(pod, self.name)
         self.restart_count = 0
         self.state = "waiting"
@@ -122,7 +127,7 @@ class Container:
 
     def start(self, argv: list[str], env: dict[str, str], mounts: list[sandbox.Mount],
               devices: list[sandbox.Mount], limits: dict[str, Any], uid: int | None, gid: int | None,
-              hostname: str) -> None:
+              hostname: str, program_ctx: programs.ProgramContext | None = None) -> None:
         now = time.time()
         self.state = "running"
         self.started_at = now
@@ -133,6 +138,12 @@ class Container:
         max_seconds = float(os.environ.get("GPULAB_CONTAINER_MAX_SECONDS", DEFAULT_MAX_SECONDS))
         self.deadline = now + max_seconds
         self.log = logs.LogWriter(self.log_path())
+        if self.factory is not None and program_ctx is not None:
+            writer = self.log
+            program_ctx.log = lambda stream, text: writer.write_line(stream, text.encode(errors="replace"))
+            self.program = self.factory(program_ctx)
+            self.program.start()
+            return
         if self.simulated:
             return
         run_dir = self.pod_dir / "run" / f"{self.name}-{self.restart_count}"
@@ -152,6 +163,11 @@ class Container:
         """Notice that the process exited (or overran its wall-clock limit)."""
         if self.state != "running":
             return None
+        if self.program is not None:
+            rc = self.program.poll()
+            if rc is not None:
+                self._finish(rc)
+            return self.termination
         if self.proc is None:
             if self.deadline and time.time() > self.deadline:
                 self.stop(grace=0, reason=("DeadlineExceeded", "container ran past gpulab's wall-clock limit"))
@@ -183,12 +199,16 @@ class Container:
         self.state = "terminated"
         self.ready = False
         self.proc = None
+        self.program = None
 
     def stop(self, grace: float, reason: tuple[str, str] | None = None) -> None:
         """SIGTERM, then SIGKILL after ``grace`` seconds, as a kubelet kills a container."""
         if self.state != "running":
             return
         self.kill_reason = reason
+        if self.program is not None:
+            self._finish(self.program.stop(grace))
+            return
         if self.proc is None:
             # A simulated container dies of the signal it was sent.
             rc = 137 if grace == 0 else 143

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from kubernetes.utils import parse_quantity
 
 from ..cluster import api
-from . import probes, sandbox
+from . import probes, programs, sandbox
 from .containers import Container, rfc3339
 from .volumes import VolumeError, field_value, resource_value
 
@@ -273,9 +273,14 @@ class PodWorker(threading.Thread):
         image = c.spec.get("image", "")
         self._event("Pulled", f'Container image "{image}" already present on machine and can be accessed by the pod')
         self._event("Created", f"Created container: {c.name}")
+        ctx = None
+        if c.factory is not None:
+            assert self.volumes is not None
+            ctx = programs.ProgramContext(self.agent, self.node, self.pod, c.spec, env, dict(self.volumes),
+                                          log=lambda stream, text: None)
         try:
             c.start(argv, env, mounts, grant.devices, self._limits(c), uid, gid,
-                    self.pod["spec"].get("hostname") or self.key[1])
+                    self.pod["spec"].get("hostname") or self.key[1], program_ctx=ctx)
         except (OSError, sandbox.SandboxUnavailable) as e:
             c.state = "waiting"
             c.waiting_reason, c.waiting_message = "RunContainerError", str(e)

@@ -1,0 +1,119 @@
+"""Built-in images: container images whose program runs inside the node agent.
+
+Simulated nodes pull no images. A container whose spec has a command runs
+that command in a sandbox; one without a command is simulated as a process
+that runs until stopped. A third kind covers the software the cluster's
+own stack ships as images — NVIDIA's device plugin, GFD, the DCGM exporter,
+the MIG manager, the validator: their images are *registered* here with a
+factory, and a container using one runs that factory's :class:`Program`
+in the node agent's process, for that container's node. So the GPU
+Operator's DaemonSet pods really are what runs the device plugin on each
+node: stop the program and the pod's container exits and is restarted with
+back-off, exactly as a crashing plugin would be; its log lines are the
+container's log.
+
+Programs run in-process (threads), not as separate interpreters, so that a
+full GPU stack on every node costs megabytes, not a Python process each.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Protocol
+
+if TYPE_CHECKING:
+    from .agent import NodeAgent
+
+
+@dataclasses.dataclass
+class ProgramContext:
+    agent: "NodeAgent"
+    node: str
+    pod: dict[str, Any]
+    container: dict[str, Any]
+    env: dict[str, str]
+    # volume name -> host path, as the pod's volumes were set up
+    volumes: dict[str, Path]
+    # write one line to the container's log: log("stdout"|"stderr", text)
+    log: Callable[[str, str], None]
+
+
+class Program(Protocol):
+    def start(self) -> None:
+        """Begin running (return quickly; do the work on threads)."""
+
+    def poll(self) -> int | None:
+        """The exit code once the program has ended by itself, else None."""
+
+    def stop(self, grace: float) -> int:
+        """End the program (SIGTERM semantics); return its exit code."""
+
+
+Factory = Callable[[ProgramContext], Program]
+
+_registry: dict[str, Factory] = {}
+_lock = threading.Lock()
+
+
+def image_repository(image: str) -> str:
+    """``nvcr.io/nvidia/k8s-device-plugin:v0.17.1`` -> ``nvcr.io/nvidia/k8s-device-plugin``."""
+    name = image.split("@", 1)[0]
+    last = name.rsplit("/", 1)[-1]
+    if ":" in last:
+        name = name[: len(name) - len(last)] + last.split(":", 1)[0]
+    return name
+
+
+def register(repository: str, factory: Factory) -> None:
+    """Make every tag of ``repository`` run ``factory``'s program."""
+    with _lock:
+        _registry[repository] = factory
+
+
+def lookup(image: str) -> Factory | None:
+    with _lock:
+        return _registry.get(image_repository(image))
+
+
+def registered() -> list[str]:
+    with _lock:
+        return sorted(_registry)
+
+
+class FunctionProgram:
+    """A program made of one function run on a thread until ``stop`` is set.
+
+    ``target(stop_event, ctx)`` returns an exit code (or None for 0); an
+    exception is logged to the container's stderr and ends it with code 1.
+    """
+
+    def __init__(self, ctx: ProgramContext, target: Callable[[threading.Event, ProgramContext], int | None]):
+        self.ctx = ctx
+        self.target = target
+        self.stop_event = threading.Event()
+        self.exit_code: int | None = None
+        self.thread = threading.Thread(target=self._run, daemon=True,
+                                       name=f"program-{ctx.node}-{ctx.container['name']}")
+
+    def _run(self) -> None:
+        try:
+            rc = self.target(self.stop_event, self.ctx)
+            self.exit_code = 0 if rc is None else int(rc)
+        except Exception as e:  # a crashing program is a crashing container
+            self.ctx.log("stderr", f"fatal: {type(e).__name__}: {e}")
+            self.exit_code = 1
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def poll(self) -> int | None:
+        return self.exit_code if not self.thread.is_alive() else None
+
+    def stop(self, grace: float) -> int:
+        self.stop_event.set()
+        self.thread.join(timeout=max(grace, 0.5))
+        if self.thread.is_alive():
+            return 137
+        return self.exit_code if self.exit_code is not None else 143
