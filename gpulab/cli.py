@@ -149,5 +149,46 @@ def build() -> None:
         click.echo(f"{name:<24} {p}")
 
 
+# -- quizzes ---------------------------------------------------------------------
+
+@main.command()
+@click.option("--reset", "reset_section", is_flag=False, flag_value="*", default=None, metavar="[SECTION]",
+              help="Forget saved answers (of one section, or all).")
+def progress(reset_section: str | None) -> None:
+    """Quiz progress per section (answers are saved locally under GPULAB_HOME)."""
+    from . import quiz
+
+    if reset_section is not None:
+        quiz.ProgressStore().reset(None if reset_section == "*" else reset_section)
+        click.echo("progress reset" + ("" if reset_section == "*" else f" for {reset_section}"))
+        return
+    try:
+        click.echo(quiz.format_summary())
+    except quiz.BankError as e:
+        _fail("\n".join(e.problems))
+
+
+@main.command(name="quiz")
+@click.argument("section", required=False)
+@click.option("--check", "check_banks", is_flag=True, help="Validate every question bank instead.")
+def quiz_cmd(section: str | None, check_banks: bool) -> None:
+    """Show a section's quiz as text (in a notebook it renders as widgets), e.g. `gpulab quiz 03`."""
+    from . import quiz
+
+    try:
+        if check_banks:
+            banks = quiz.load_all()
+            n = sum(len(b.questions) for b in banks.values())
+            click.echo(f"{len(banks)} banks, {n} questions: ok")
+            return
+        if not section:
+            _fail("name a section (e.g. `gpulab quiz 03`) or pass --check", 2)
+        quiz.show_quiz(section)
+    except quiz.BankError as e:
+        _fail("\n".join(e.problems))
+    except LookupError as e:
+        _fail(str(e).strip('"'), 2)
+
+
 if __name__ == "__main__":
     main()

@@ -1,0 +1,44 @@
+"""The CLI is a thin layer: these check the wiring and the exit codes."""
+
+from __future__ import annotations
+
+from click.testing import CliRunner
+
+from gpulab import cli
+
+
+def run(*args: str, home=None):
+    env = {"GPULAB_HOME": str(home)} if home else None
+    return CliRunner().invoke(cli.main, list(args), env=env)
+
+
+def test_kubeconfig_path_follows_gpulab_home(tmp_path):
+    result = run("kubeconfig", home=tmp_path)
+    assert result.exit_code == 0
+    assert result.output.strip() == str(tmp_path / "cluster" / "kubeconfig")
+
+
+def test_status_without_a_cluster_says_how_to_make_one(tmp_path):
+    result = run("status", home=tmp_path)
+    assert result.exit_code == 1
+    assert "gpulab up" in result.output
+
+
+def test_progress_lists_every_section(tmp_path):
+    result = run("progress", home=tmp_path)
+    assert result.exit_code == 0
+    for section in ("01-resource-model", "04-sharing", "09-self-test"):
+        assert section in result.output
+
+
+def test_quiz_check_and_unknown_section(tmp_path):
+    assert "banks" in run("quiz", "--check", home=tmp_path).output
+    result = run("quiz", "42", home=tmp_path)
+    assert result.exit_code == 2
+    assert "unknown quiz section '42'" in result.output
+
+
+def test_versions_lists_the_pins():
+    result = run("versions")
+    assert result.exit_code == 0
+    assert "v1.37.2" in result.output and "v3.6.16" in result.output and "v0.8.0" in result.output
