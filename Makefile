@@ -6,7 +6,8 @@
 #   make down       stop the cluster (state kept);  make purge  deletes it
 
 SHELL := /bin/bash
-PYTHON ?= $(shell for p in python3.13 python3.12 python3.11 python3; do command -v $$p >/dev/null && { echo $$p; break; }; done)
+# The first interpreter >= 3.11 that actually runs (pyenv shims may exist for versions that do not).
+PYTHON ?= $(shell for p in python3 python3.13 python3.12 python3.11; do $$p -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null && { echo $$p; break; }; done)
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
@@ -19,7 +20,7 @@ help:
 	@sed -n 's/^#   //p' Makefile
 
 $(STAMP): pyproject.toml
-	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "gpulab needs Python >= 3.11; set PYTHON=/path/to/python3.11")'
+	@test -n "$(PYTHON)" || { echo "gpulab: Python >= 3.11 is needed; set PYTHON=/path/to/python3.11"; exit 1; }
 	@command -v go >/dev/null || { echo "gpulab: Go >= 1.26 is needed to build the control plane (or set GPULAB_BIN_DIR)"; exit 1; }
 	@command -v unshare >/dev/null || { echo "gpulab: unshare (util-linux) is needed to run pod commands"; exit 1; }
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
