@@ -237,14 +237,9 @@ class EmbeddedCluster:
                 "--profiling=false", "--v=0",
             ], https_ok(f"https://127.0.0.1:{port}/readyz", p / "ca.crt", admin))
         if name == "kube-controller-manager":
-            port = ports["controller-manager"]
             return Component(name, [
-                str(bins["kube-controller-manager"]),
-                f"--kubeconfig={kc / 'kube-controller-manager.yaml'}",
-                f"--authentication-kubeconfig={kc / 'kube-controller-manager.yaml'}",
-                f"--authorization-kubeconfig={kc / 'kube-controller-manager.yaml'}",
-                "--bind-address=127.0.0.1", f"--secure-port={port}",
-                "--leader-elect=false", "--use-service-account-credentials=true",
+                str(bins[name]), *self._client_flags(name, ports["controller-manager"]),
+                "--use-service-account-credentials=true",
                 f"--root-ca-file={p / 'ca.crt'}", f"--service-account-private-key-file={p / 'sa.key'}",
                 f"--cluster-signing-cert-file={p / 'ca.crt'}", f"--cluster-signing-key-file={p / 'ca.key'}",
                 "--allocate-node-cidrs=true", f"--cluster-cidr={POD_CIDR}", "--node-cidr-mask-size=24",
@@ -253,18 +248,10 @@ class EmbeddedCluster:
                 # each step of a demo wait needlessly.
                 "--horizontal-pod-autoscaler-sync-period=5s",
                 "--horizontal-pod-autoscaler-downscale-stabilization=30s",
-                "--kube-api-qps=100", "--kube-api-burst=200", "--v=0",
-            ], https_ok(f"https://127.0.0.1:{port}/healthz"))
+            ], https_ok(f"https://127.0.0.1:{ports['controller-manager']}/healthz"))
         if name == "kube-scheduler":
-            port = ports["scheduler"]
-            return Component(name, [
-                str(bins["kube-scheduler"]),
-                f"--kubeconfig={kc / 'kube-scheduler.yaml'}",
-                f"--authentication-kubeconfig={kc / 'kube-scheduler.yaml'}",
-                f"--authorization-kubeconfig={kc / 'kube-scheduler.yaml'}",
-                "--bind-address=127.0.0.1", f"--secure-port={port}",
-                "--leader-elect=false", "--kube-api-qps=100", "--kube-api-burst=200", "--v=0",
-            ], https_ok(f"https://127.0.0.1:{port}/healthz"))
+            return Component(name, [str(bins[name]), *self._client_flags(name, ports["scheduler"])],
+                             https_ok(f"https://127.0.0.1:{ports['scheduler']}/healthz"))
         if name == "kwok":
             port = ports["kwok"]
             config = self.root / "kwok.yaml"
@@ -288,6 +275,18 @@ class EmbeddedCluster:
                 sys.executable, "-m", "gpulab.runtime", f"--cluster-dir={self.root}",
             ], ready.exists, env=dict(os.environ, PYTHONUNBUFFERED="1"))
         raise KeyError(name)
+
+    def _client_flags(self, name: str, port: int) -> list[str]:
+        """Flags kube-controller-manager and kube-scheduler share."""
+        kubeconfig = self.root / "kubeconfigs" / f"{name}.yaml"
+        return [
+            f"--kubeconfig={kubeconfig}", f"--authentication-kubeconfig={kubeconfig}",
+            f"--authorization-kubeconfig={kubeconfig}",
+            "--bind-address=127.0.0.1", f"--secure-port={port}",
+            # One replica each: a lease left by the previous run would only
+            # delay the restart.
+            "--leader-elect=false", "--kube-api-qps=100", "--kube-api-burst=200", "--v=0",
+        ]
 
     # -- stop / reset / purge -------------------------------------------------
 

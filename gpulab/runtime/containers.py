@@ -87,7 +87,7 @@ class Container:
         self.load_seconds = load_seconds(pod, self.name)
         self.restart_count = 0
         self.state = "waiting"
-        self.waiting_reason = "PodInitializing" if not init else "PodInitializing"
+        self.waiting_reason = "PodInitializing"
         self.waiting_message = ""
         self.started_at: float | None = None
         self.termination: Termination | None = None
@@ -105,10 +105,13 @@ class Container:
 
     # -- identity ------------------------------------------------------------
 
+    def _container_id(self, restart: int) -> str:
+        h = hashlib.sha256(f"{self.pod_dir}/{self.name}/{restart}".encode()).hexdigest()
+        return f"gpulab://{h}"
+
     @property
     def container_id(self) -> str:
-        h = hashlib.sha256(f"{self.pod_dir}/{self.name}/{self.restart_count}".encode()).hexdigest()
-        return f"gpulab://{h}"
+        return self._container_id(self.restart_count)
 
     @property
     def image_id(self) -> str:
@@ -265,7 +268,7 @@ class Container:
                 w["message"] = self.waiting_message
             st["state"] = {"waiting": w}
         if self.last_termination:
-            prev_id = f"gpulab://{hashlib.sha256(f'{self.pod_dir}/{self.name}/{self.restart_count - 1}'.encode()).hexdigest()}"
+            prev_id = self._container_id(self.restart_count - 1)
             st["lastState"] = {"terminated": self.last_termination.to_api(prev_id)}
         else:
             st["lastState"] = {}

@@ -11,6 +11,7 @@ with the real kube-controller-manager, which sees only this status.
 
 from __future__ import annotations
 
+import base64
 import logging
 import re
 import shutil
@@ -392,25 +393,10 @@ class PodWorker(threading.Thread):
         }
         for src in c.spec.get("envFrom") or []:
             prefix = src.get("prefix", "")
-            if "configMapRef" in src:
-                ref = src["configMapRef"]
-                obj = self.client.get("ConfigMap", ref.get("name", ""), ns)
-                if obj is None:
-                    if ref.get("optional"):
-                        continue
-                    raise ConfigError(f'configmap "{ref.get("name")}" not found')
-                env.update({prefix + k: v for k, v in (obj.get("data") or {}).items()})
-            elif "secretRef" in src:
-                ref = src["secretRef"]
-                obj = self.client.get("Secret", ref.get("name", ""), ns)
-                if obj is None:
-                    if ref.get("optional"):
-                        continue
-                    raise ConfigError(f'secret "{ref.get("name")}" not found')
-                import base64
-
-                env.update({prefix + k: base64.b64decode(v).decode(errors="replace")
-                            for k, v in (obj.get("data") or {}).items()})
+            secret = "secretRef" in src
+            ref = src.get("secretRef" if secret else "configMapRef") or {}
+            data = self._source_data("Secret" if secret else "ConfigMap", ref, ns)
+            env.update({prefix + k: v for k, v in data.items()})
         pod = dict(self.pod)
         pod["status"] = {**(self.pod.get("status") or {}), "podIP": self.pod_ip or "", "hostIP": "127.0.0.1"}
         for var in c.spec.get("env") or []:
@@ -439,13 +425,23 @@ class PodWorker(threading.Thread):
                                       f'{ns}/{ref.get("name")}')
                 value = obj["data"][ref["key"]]
                 if secret:
-                    import base64
-
                     value = base64.b64decode(value).decode(errors="replace")
                 env[name] = value
             else:
                 env[name] = ""
         return env
+
+    def _source_data(self, kind: str, ref: dict[str, Any], ns: str) -> dict[str, str]:
+        """The data of an envFrom ConfigMap or Secret (decoded); {} if optional and absent."""
+        obj = self.client.get(kind, ref.get("name", ""), ns)
+        if obj is None:
+            if ref.get("optional"):
+                return {}
+            raise ConfigError(f'{kind.lower()} "{ref.get("name")}" not found')
+        data = obj.get("data") or {}
+        if kind == "Secret":
+            return {k: base64.b64decode(v).decode(errors="replace") for k, v in data.items()}
+        return dict(data)
 
     def _mounts(self, c: Container) -> list[sandbox.Mount]:
         assert self.volumes is not None
