@@ -43,17 +43,47 @@ class DeviceGrant:
     devices: list[sandbox.Mount] = dataclasses.field(default_factory=list)
 
 
+class AdmissionError(Exception):
+    """The node refuses a pod, as a kubelet's admission handlers do: the pod fails with ``reason``."""
+
+    def __init__(self, reason: str, message: str):
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+
+
+@dataclasses.dataclass
+class ContainerKill:
+    """The device side ends a running container (say, its CUDA program ran out of GPU memory)."""
+
+    exit_code: int
+    lines: list[str]  # its last words, on stderr
+
+
 class DeviceHooks(Protocol):
-    """How the GPU stack takes part in starting a container (the kubelet's device manager)."""
+    """How the GPU stack takes part in a pod's life (the kubelet's device manager and the GPUs)."""
+
+    def admit(self, pod: dict[str, Any]) -> None:
+        """Allocate the pod's devices before anything starts; raises AdmissionError."""
 
     def prepare(self, pod: dict[str, Any], container: dict[str, Any]) -> DeviceGrant: ...
 
-    def release(self, pod: dict[str, Any]) -> None: ...
+    def observe(self, pod: dict[str, Any], container: dict[str, Any], running: bool) -> ContainerKill | None:
+        """Told every sync whether a container runs; a ContainerKill ends it."""
+
+    def release(self, pod: dict[str, Any]) -> None:
+        """The pod is finished (terminal or deleted): its devices are free again. Idempotent."""
 
 
 class NoDevices:
+    def admit(self, pod: dict[str, Any]) -> None:
+        pass
+
     def prepare(self, pod: dict[str, Any], container: dict[str, Any]) -> DeviceGrant:
         return DeviceGrant()
+
+    def observe(self, pod: dict[str, Any], container: dict[str, Any], running: bool) -> ContainerKill | None:
+        return None
 
     def release(self, pod: dict[str, Any]) -> None:
         pass
@@ -288,12 +318,20 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         stream=sys.stderr)
-    agent = NodeAgent(args.cluster_dir)
+    from ..fakegpu.stack import GpuStack
+
+    # The GPU side of every GPU node: device managers, GPUs, NVIDIA's programs.
+    gpus = GpuStack(args.cluster_dir)
+    agent = NodeAgent(args.cluster_dir, devices=gpus)
 
     def on_term(signum, frame):
         agent.stop.set()
 
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGINT, on_term)
-    agent.run(ready_file=args.cluster_dir / "node-agent.ready")
+    gpus.start()
+    try:
+        agent.run(ready_file=args.cluster_dir / "node-agent.ready")
+    finally:
+        gpus.stop()
     return 0

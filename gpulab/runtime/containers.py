@@ -204,6 +204,26 @@ class Container:
         self.proc = None
         self.program = None
 
+    def kill(self, exit_code: int, lines: list[str]) -> None:
+        """End the container as its own process failing would: last words on stderr, then ``exit_code``."""
+        if self.state != "running":
+            return
+        if self.proc is not None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.proc.wait()
+            for t in self.pumps:
+                t.join(timeout=2)
+        elif self.program is not None:
+            self.program.stop(0)
+        if self.log:
+            for line in lines:
+                self.log.write_line("stderr", line.encode(errors="replace"))
+        self.kill_reason = None
+        self._finish(exit_code)
+
     def stop(self, grace: float, reason: tuple[str, str] | None = None) -> None:
         """SIGTERM, then SIGKILL after ``grace`` seconds, as a kubelet kills a container."""
         if self.state != "running":

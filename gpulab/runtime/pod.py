@@ -25,7 +25,7 @@ from kubernetes.utils import parse_quantity
 
 from ..cluster import api
 from . import probes, programs, sandbox
-from .containers import Container, rfc3339
+from .containers import Container, Termination, rfc3339
 from .volumes import VolumeError, field_value, resource_value
 
 if TYPE_CHECKING:
@@ -76,6 +76,8 @@ class PodWorker(threading.Thread):
         self.terminal_reason: tuple[str, str] | None = None
         self.pushed: dict[str, Any] | None = None
         self.initialized = not self.init
+        self.admitted = False
+        self.devices_released = False
         self.last_event: dict[tuple[str, str], float] = {}
         self._adopt(pod)
 
@@ -128,6 +130,13 @@ class PodWorker(threading.Thread):
                 c.started = cs.get("started", True)
                 c.ready = cs.get("ready", False)
                 c.prober = probes.Prober(c.spec, c.started_at)
+            elif running:
+                # The process died with the previous node agent; say so, and
+                # let the pod's restartPolicy decide what happens next.
+                started = _parse_time(running["startedAt"])
+                c.state, c.started_at = "terminated", started
+                c.termination = Termination(137, "Error", started, time.time(),
+                                            "the container's process was lost when gpulab's node agent restarted")
         if self.init and all(
             ((cs.get("state") or {}).get("terminated") or {}).get("exitCode") == 0
             for _, cs in _pair(self.init, status.get("initContainerStatuses"))
@@ -157,11 +166,15 @@ class PodWorker(threading.Thread):
             self._cleanup()
             return True
         if self.terminal:
+            self._release_devices()
             self._push()
             return False
         now = time.time()
         if self.start_time is None:
             self.start_time = now
+        if not self.admitted and not self._admit():
+            self._push()
+            return False
         if self.volumes is None and not self._setup():
             self._push()
             return False
@@ -175,8 +188,36 @@ class PodWorker(threading.Thread):
             self._run_init(now)
         if self.initialized and not self.terminal:
             self._run_main(now)
+        self._observe_devices()
         self._push()
         return False
+
+    def _admit(self) -> bool:
+        """The kubelet's admission: a pod's devices are allocated before any of it starts."""
+        from .agent import AdmissionError
+
+        try:
+            self.agent.devices.admit(self.pod)
+        except AdmissionError as e:
+            self._fail(e.reason, e.message)
+            return False
+        self.admitted = True
+        return True
+
+    def _observe_devices(self) -> None:
+        # The GPUs see which containers run; one whose CUDA program fails
+        # (out of GPU memory, a broken driver) ends as that program would.
+        for c in self.init + self.main:
+            kill = self.agent.devices.observe(self.pod, c.spec, c.state == "running")
+            if kill is not None:
+                c.kill(kill.exit_code, kill.lines)
+
+    def _release_devices(self) -> None:
+        # A finished pod keeps no devices, as the kubelet frees those of
+        # terminated pods: the scheduler already counts them as free.
+        if not self.devices_released:
+            self.devices_released = True
+            self.agent.devices.release(self.pod)
 
     def _setup(self) -> bool:
         try:

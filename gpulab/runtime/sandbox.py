@@ -21,6 +21,7 @@ import dataclasses
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -99,6 +100,17 @@ def check() -> None:
         )
 
 
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    # Runs in the child between fork and exec: if the node agent dies without
+    # stopping its containers (SIGKILL), the kernel kills them too.
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
 def launch(spec: SandboxSpec, spec_path: Path, stdout: int, stderr: int) -> subprocess.Popen:
     """Start the sandboxed process; its pid is that of ``unshare``."""
     if os.geteuid() != 0:
@@ -116,4 +128,5 @@ def launch(spec: SandboxSpec, spec_path: Path, stdout: int, stderr: int) -> subp
         env={"PATH": DEFAULT_PATH},
         start_new_session=True,
         close_fds=True,
+        preexec_fn=_die_with_parent,
     )

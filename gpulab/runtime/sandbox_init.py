@@ -163,6 +163,12 @@ def main(argv: list[str]) -> int:
             os.setgroups([])
             os.setgid(gid if gid is not None else uid)
             os.setuid(uid)
+        # Changing credentials cleared the parent-death signal `unshare
+        # --kill-child` set; set it again so the container dies with its
+        # unshare (and so with the node agent).
+        _libc.prctl(1, 9)  # PR_SET_PDEATHSIG, SIGKILL
+        if os.getppid() == 1:
+            return 137
         set_limits(spec)
         os.nice(spec.get("nice", 5))
     except OSError as e:

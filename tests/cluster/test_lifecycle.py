@@ -121,3 +121,23 @@ def _alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def test_a_killed_node_agent_leaves_no_container_behind(cluster, kube, ns, gpulab_home):
+    import subprocess as sp
+
+    kube.create({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "sleeper", "namespace": ns},
+                 "spec": {"restartPolicy": "Never",
+                          "containers": [{"name": "c", "image": "x", "command": ["sleep", "4321"]}]}})
+    wait_for(lambda: (p := kube.get("Pod", "sleeper", ns)) and p["status"].get("phase") == "Running", 30,
+             what="pod Running")
+    wait_for(lambda: sp.run(["pgrep", "-f", "sleep 4321"], capture_output=True).returncode == 0, 10,
+             what="container process")
+    os.kill(cluster.running()["node-agent"], signal.SIGKILL)
+    wait_for(lambda: sp.run(["pgrep", "-f", "sleep 4321"], capture_output=True).returncode != 0, 10,
+             what="container process gone with the node agent")
+    assert gpulab("up", env_home=gpulab_home).returncode == 0
+    pod = wait_for(lambda: (p := kube.get("Pod", "sleeper", ns)) and p["status"].get("phase") == "Failed" and p,
+                   30, what="pod reported Failed")
+    term = pod["status"]["containerStatuses"][0]["state"]["terminated"]
+    assert term["exitCode"] == 137 and "node agent restarted" in term["message"]
