@@ -12,6 +12,8 @@ Start order and why:
    (``kubectl logs``/``exec``) for every simulated node.
 5. ``node-agent`` — gpulab's simulated kubelet: runs pods' containers,
    reports their status, provisions local volumes.
+6. Once nodes are Ready, the NVIDIA GPU Operator is installed as its Helm
+   chart would (:mod:`gpulab.fakegpu.operator`); its pods run on the nodes.
 
 Everything listens on 127.0.0.1 only, on ports chosen free at first start
 and reused afterwards so kubeconfigs stay valid.
@@ -145,6 +147,9 @@ class EmbeddedCluster:
                 if "kube-apiserver" in wave:
                     nodes.bootstrap(self, topo, bins.kwok_crds, say)
             nodes.wait_ready(self, topo, timeout=max(10.0, timeout - (time.monotonic() - started)))
+            from ..fakegpu import operator as gpu_operator
+
+            gpu_operator.install(self.kubeconfig, say)
         except BaseException as e:
             # Leave nothing half-started behind: what this call started, it stops.
             for name in reversed(started_now):
@@ -222,7 +227,10 @@ class EmbeddedCluster:
                 f"--kubelet-client-certificate={p / 'apiserver-kubelet-client.crt'}",
                 f"--kubelet-client-key={p / 'apiserver-kubelet-client.key'}",
                 "--kubelet-preferred-address-types=InternalIP,Hostname",
-                # Aggregation layer (custom metrics APIService).
+                # Aggregation layer (custom metrics APIService). Aggregator
+                # routing stays off: it would dial Service endpoints, while an
+                # ExternalName Service lets an extension server on 127.0.0.1
+                # be reached the way kwokctl reaches metrics-server.
                 f"--requestheader-client-ca-file={p / 'ca.crt'}",
                 "--requestheader-allowed-names=front-proxy-client",
                 "--requestheader-username-headers=X-Remote-User",
@@ -230,7 +238,6 @@ class EmbeddedCluster:
                 "--requestheader-extra-headers-prefix=X-Remote-Extra-",
                 f"--proxy-client-cert-file={p / 'front-proxy-client.crt'}",
                 f"--proxy-client-key-file={p / 'front-proxy-client.key'}",
-                "--enable-aggregator-routing=true",
                 # No kube-proxy and no routable pod network: nothing may try
                 # to reach the "kubernetes" Service endpoints.
                 "--endpoint-reconciler-type=none",
@@ -267,7 +274,10 @@ class EmbeddedCluster:
                 "--node-lease-duration-seconds=40", "--enable-crds=ClusterLogs,ClusterExec",
                 f"--cidr={POD_CIDR}",
             ], https_ok(f"https://127.0.0.1:{port}/healthz"),
-                env=dict(os.environ, KWOK_WORKDIR=str(self.root / "kwok-work")))
+                # kwok resolves `kubectl exec` commands on its own PATH; <root>/bin
+                # holds shims (nvidia-smi) that look them up on the pod's PATH.
+                env=dict(os.environ, KWOK_WORKDIR=str(self.root / "kwok-work"),
+                         PATH=f"{self.root / 'bin'}:{os.environ.get('PATH', '')}"))
         if name == "node-agent":
             ready = self.root / "node-agent.ready"
             ready.unlink(missing_ok=True)
