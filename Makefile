@@ -51,7 +51,8 @@ status:
 
 lab: up
 	$(BIN)/jupyter lab --ServerApp.ip=127.0.0.1 --ServerApp.port=$(JUPYTER_PORT) \
-	    --ServerApp.root_dir=$(CURDIR) --LabApp.default_url=/lab/tree/notebooks
+	    --ServerApp.root_dir=$(CURDIR) --LabApp.default_url=/lab/tree/notebooks \
+	    $(if $(filter 0,$(shell id -u)),--allow-root)
 
 test: build
 	$(BIN)/python -m pytest $(PYTEST_ARGS)

@@ -225,6 +225,12 @@ class Runner:
     (:data:`DEFAULT_INHERITED_ENV`); pass e.g. ``{"KUBECONFIG": restricted}``
     so that submissions talk to the cluster as a restricted identity. The
     grader's own ``KUBECONFIG`` is never inherited.
+
+    With a ``jail`` (:class:`gpulab.grading.jail.Jail`) papermill and the
+    kernel run confined: a copy of the notebook in a private run directory,
+    no view of the host beyond system directories, Python and the repository,
+    and no network but the apiserver of ``KUBECONFIG``. Outputs are moved to
+    ``work_dir`` afterwards, so callers see the same files either way.
     """
 
     kernel_name: str = "python3"
@@ -235,6 +241,7 @@ class Runner:
     inherit_env: Sequence[str] = DEFAULT_INHERITED_ENV
     python: str = sys.executable
     poll_interval: float = 0.25
+    jail: Any = None
 
     def child_env(self, extra: Mapping[str, str] | None = None, runtime_dir: Path | None = None) -> dict[str, str]:
         env = {k: os.environ[k] for k in self.inherit_env if k in os.environ}
@@ -281,41 +288,29 @@ class Runner:
                              message="no cell tagged 'parameters'; refusing to run with uninjectable parameters",
                              **base)
 
-        runtime_dir = work_dir / f".{name}.runtime"
-        runtime_dir.mkdir(exist_ok=True)
-        spec_path = work_dir / f".{name}.spec.json"
-        child_result = work_dir / f".{name}.result.json"
-        child_result.unlink(missing_ok=True)
-        spec = {"input": str(notebook.resolve()), "output": str(output_path.resolve()), "parameters": params,
-                "kernel_name": self.kernel_name, "cell_timeout": self.cell_timeout,
-                "start_timeout": self.start_timeout, "cwd": str(Path(cwd or notebook.parent).resolve()),
-                "result_path": str(child_result.resolve())}
-        spec_path.write_text(json.dumps(spec), encoding="utf-8")
-
-        started = time.monotonic()
-        timed_out = False
-        tracked: dict[tuple[int, float], Any] = {}
-        with open(log_path, "wb") as log:
-            proc = subprocess.Popen([self.python, "-m", "gpulab.grading._papermill_child", str(spec_path)],
-                                    env=self.child_env(env, runtime_dir), cwd=spec["cwd"],
-                                    stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                    start_new_session=True)
-            deadline = started + self.timeout
-            while True:
-                _track(proc.pid, tracked)
-                try:
-                    proc.wait(timeout=self.poll_interval)
-                    break
-                except subprocess.TimeoutExpired:
-                    if time.monotonic() >= deadline:
-                        timed_out = True
-                        break
-            # Kill on timeout, and also sweep up what a finished run left behind (background processes).
-            _kill(proc, tracked)
-            returncode = proc.wait()
-        duration = round(time.monotonic() - started, 3)
-        shutil.rmtree(runtime_dir, ignore_errors=True)
-        spec_path.unlink(missing_ok=True)
+        if self.jail is not None:
+            try:
+                returncode, timed_out, duration, child_result = self._run_jailed(
+                    notebook, params, cwd, env, output_path, results_path, log_path)
+            except Exception as exc:  # noqa: BLE001 - a jail that cannot be set up is the grader's problem
+                return Execution(ok=False, error=ErrorKind.RUNNER_ERROR, executed=True,
+                                 message=f"cannot start the grading jail: {type(exc).__name__}: {exc}", **base)
+        else:
+            runtime_dir = work_dir / f".{name}.runtime"
+            runtime_dir.mkdir(exist_ok=True)
+            spec_path = work_dir / f".{name}.spec.json"
+            child_result = work_dir / f".{name}.result.json"
+            child_result.unlink(missing_ok=True)
+            spec = {"input": str(notebook.resolve()), "output": str(output_path.resolve()), "parameters": params,
+                    "kernel_name": self.kernel_name, "cell_timeout": self.cell_timeout,
+                    "start_timeout": self.start_timeout, "cwd": str(Path(cwd or notebook.parent).resolve()),
+                    "result_path": str(child_result.resolve())}
+            spec_path.write_text(json.dumps(spec), encoding="utf-8")
+            returncode, timed_out, duration = self._supervise(
+                [self.python, "-m", "gpulab.grading._papermill_child", str(spec_path)],
+                self.child_env(env, runtime_dir), spec["cwd"], log_path)
+            shutil.rmtree(runtime_dir, ignore_errors=True)
+            spec_path.unlink(missing_ok=True)
         base.update(duration_s=duration, output_path=output_path if output_path.exists() else None,
                     log_path=log_path, executed=True)
 
@@ -357,6 +352,94 @@ class Runner:
         return Execution(ok=False, error=error, cell_index=index, ename=ename, evalue=evalue,
                          cell_source=submitted.cells[index].source if index is not None else "",
                          traceback=result.get("traceback", ""), message=messages.get(error, kind), **base)
+
+
+    def _supervise(self, argv: list[str], env: Mapping[str, str], cwd: str, log_path: Path
+                   ) -> tuple[int, bool, float]:
+        """Run ``argv`` in its own session under the wall-clock limit; kill its whole tree afterwards."""
+        started = time.monotonic()
+        timed_out = False
+        tracked: dict[tuple[int, float], Any] = {}
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen(argv, env=dict(env), cwd=cwd, stdin=subprocess.DEVNULL, stdout=log,
+                                    stderr=subprocess.STDOUT, start_new_session=True)
+            deadline = started + self.timeout
+            while True:
+                _track(proc.pid, tracked)
+                try:
+                    proc.wait(timeout=self.poll_interval)
+                    break
+                except subprocess.TimeoutExpired:
+                    if time.monotonic() >= deadline:
+                        timed_out = True
+                        break
+            # Kill on timeout, and also sweep up what a finished run left behind (background processes).
+            _kill(proc, tracked)
+            returncode = proc.wait()
+        return returncode, timed_out, round(time.monotonic() - started, 3)
+
+    def _run_jailed(self, notebook: Path, params: dict[str, Any], cwd: str | Path | None,
+                    env: Mapping[str, str] | None, output_path: Path, results_path: Path, log_path: Path
+                    ) -> tuple[int, bool, float, Path]:
+        """Run papermill inside the jail on a private copy; move what it wrote to the caller's paths."""
+        jail = self.jail
+        run_dir = jail.make_run_dir()
+        spec: dict[str, Any] = {}
+        try:
+            run_input = run_dir / "submission.ipynb"
+            shutil.copyfile(notebook, run_input)
+            jail.own(run_input)
+            run_output, run_results = run_dir / "executed.ipynb", run_dir / "results.json"
+            child_result = run_dir / ".result.json"
+            kernel_cwd = Path(cwd).resolve() if cwd else None
+            if kernel_cwd is None or not any(kernel_cwd == k or k in kernel_cwd.parents for k in jail.kept()):
+                kernel_cwd = run_dir
+            params = dict(params)
+            if params.get("results_path") == str(results_path.resolve()):
+                params["results_path"] = str(run_results)
+            child_spec = {"input": str(run_input), "output": str(run_output), "parameters": params,
+                          "kernel_name": self.kernel_name, "cell_timeout": self.cell_timeout,
+                          "start_timeout": self.start_timeout, "cwd": str(kernel_cwd),
+                          "result_path": str(child_result)}
+            child_spec_path = run_dir / ".spec.json"
+            child_spec_path.write_text(json.dumps(child_spec), encoding="utf-8")
+            jail.own(child_spec_path)
+            kernel_env, upstream = jail.kernel_env(self.child_env(env, run_dir / ".runtime"), run_dir)
+            argv = [self.python, "-m", "gpulab.grading._papermill_child", str(child_spec_path)]
+            spec = jail.spec(argv, kernel_env, kernel_cwd, run_dir, upstream[1] if upstream else None)
+            jail_spec_path = run_dir / ".jail.json"
+            jail_spec_path.write_text(json.dumps(spec), encoding="utf-8")
+            with jail.relay(run_dir / "apiserver.sock", upstream):
+                returncode, timed_out, duration = self._supervise(
+                    jail.command(jail_spec_path), {"PATH": "/usr/bin:/bin"}, str(run_dir), log_path)
+            for produced, final in ((run_output, output_path), (run_results, results_path)):
+                _take_regular_file(produced, final)
+            kept_result = results_path.with_name(f".{results_path.stem}.child.json")
+            _take_regular_file(child_result, kept_result)
+            return returncode, timed_out, duration, kept_result
+        finally:
+            if spec:
+                jail.cleanup(spec)
+            shutil.rmtree(run_dir, ignore_errors=True)
+
+
+# A submission controls every file in its run directory: take only regular files, never what a link points at.
+_MAX_TAKEN_BYTES = 64 << 20
+
+
+def _take_regular_file(source: Path, target: Path) -> None:
+    import stat
+
+    target.unlink(missing_ok=True)
+    try:
+        st = os.lstat(source)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISREG(st.st_mode) or st.st_size > _MAX_TAKEN_BYTES:
+        return
+    fd = os.open(source, os.O_RDONLY | os.O_NOFOLLOW)
+    with os.fdopen(fd, "rb") as src, open(target, "wb") as dst:
+        shutil.copyfileobj(src, dst)
 
 
 def execute_notebook(notebook: str | Path, work_dir: str | Path, parameters: Mapping[str, Any] | None = None,
