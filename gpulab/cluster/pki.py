@@ -70,6 +70,7 @@ def _sign(
     *,
     is_ca: bool = False,
     server: bool = False,
+    dns_names: tuple[str, ...] = ("localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc"),
 ) -> x509.Certificate:
     now = dt.datetime.now(dt.timezone.utc) - dt.timedelta(minutes=5)
     issuer_cert, issuer_key = ca if ca else (None, key)
@@ -93,13 +94,7 @@ def _sign(
             usages.append(ExtendedKeyUsageOID.SERVER_AUTH)
             builder = builder.add_extension(
                 x509.SubjectAlternativeName(
-                    [
-                        x509.DNSName("localhost"),
-                        x509.DNSName("kubernetes"),
-                        x509.DNSName("kubernetes.default"),
-                        x509.DNSName("kubernetes.default.svc"),
-                        x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
-                    ]
+                    [x509.DNSName(n) for n in dns_names] + [x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
                 ),
                 critical=False,
             )
@@ -148,5 +143,17 @@ def issue_client(pki: Path, stem: str, user: str, groups: tuple[str, ...] = ()) 
     key = _key()
     crt_path, key_path = pki / f"{stem}.crt", pki / f"{stem}.key"
     _write_cert(_sign(_name(user, groups), key, ca), crt_path)
+    _write_key(key, key_path)
+    return crt_path, key_path
+
+
+def issue_server(pki: Path, stem: str, cn: str, dns_names: tuple[str, ...]) -> tuple[Path, Path]:
+    """A serving certificate (e.g. for an extension apiserver behind a Service); idempotent."""
+    crt_path, key_path = pki / f"{stem}.crt", pki / f"{stem}.key"
+    if crt_path.exists() and key_path.exists():
+        return crt_path, key_path
+    ca = _load(pki, "ca")
+    key = _key()
+    _write_cert(_sign(_name(cn), key, ca, server=True, dns_names=("localhost", *dns_names)), crt_path)
     _write_key(key, key_path)
     return crt_path, key_path
