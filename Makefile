@@ -1,7 +1,10 @@
 # gpulab — one target per user task. CI runs `make test` (see .ci/run).
 #
 #   make lab        install what is missing, start the cluster, open JupyterLab
-#   make test       everything CI checks: unit and cluster tests
+#   make test       everything CI checks: unit, cluster and notebook tests
+#   make notebooks  re-run the notebooks and store their outputs (NB="03 05" picks some)
+#   make labs       regenerate labs/ from solutions/ (a test fails when they drift)
+#   make grade LAB=03 SUBMISSIONS=dir [HIDDEN=dir] [OUT=dir]   grade a class into a gradebook
 #   make bench      benchmarks; results go into BENCHMARKS.md by hand
 #   make down       stop the cluster (state kept);  make purge  deletes it
 
@@ -14,7 +17,8 @@ STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 JUPYTER_PORT ?= 8888
 
-.PHONY: help install build up down purge reset status lab test test-unit test-cluster bench clean
+.PHONY: help install build up down purge reset status lab test test-unit test-cluster test-notebooks \
+        notebooks labs grade bench bench-grading clean
 
 help:
 	@sed -n 's/^#   //p' Makefile
@@ -63,8 +67,24 @@ test-unit: install
 test-cluster: build
 	$(BIN)/python -m pytest tests/cluster $(PYTEST_ARGS)
 
+test-notebooks: build
+	$(BIN)/python -m pytest tests/notebooks $(PYTEST_ARGS)
+
+notebooks: up
+	$(BIN)/python tools/run_notebooks.py $(NB)
+
+labs: install
+	$(BIN)/gpulab labs generate
+
+grade: up
+	@test -n "$(LAB)" -a -n "$(SUBMISSIONS)" || { echo "usage: make grade LAB=03 SUBMISSIONS=dir [HIDDEN=dir] [OUT=dir]"; exit 2; }
+	$(BIN)/gpulab grade $(SUBMISSIONS) --lab $(LAB) $(if $(HIDDEN),--hidden $(HIDDEN)) --out $(or $(OUT),grades/$(LAB))
+
 bench: build
 	$(BIN)/python bench/cluster_bench.py
+
+bench-grading: build
+	$(BIN)/python bench/grading_bench.py --reset-compare
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache
