@@ -149,7 +149,7 @@ class EmbeddedCluster:
             nodes.wait_ready(self, topo, timeout=max(10.0, timeout - (time.monotonic() - started)))
             from ..fakegpu import operator as gpu_operator
 
-            gpu_operator.install(self.kubeconfig, say)
+            gpu_operator.install(self.kubeconfig, say, since=(self.root / "node-agent.ready").stat().st_mtime)
         except BaseException as e:
             # Leave nothing half-started behind: what this call started, it stops.
             for name in reversed(started_now):

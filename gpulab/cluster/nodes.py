@@ -3,7 +3,10 @@
 A real kubelet creates its Node object with capacity from the machine, its
 well-known labels, and registration taints; NFD and GFD add hardware labels
 later. Here gpulab creates each topology node the same way, marked for KWOK
-(``kwok.x-k8s.io/node: fake``) so KWOK keeps it alive.
+(``kwok.x-k8s.io/node: fake``) so KWOK keeps it alive. A GPU node starts
+with NFD's PCI label only (NFD is not simulated): its ``nvidia.com/gpu``
+resources come from the device plugin once the GPU Operator runs, and its
+``nvidia.com/*`` labels from the operator and GFD (:mod:`gpulab.fakegpu`).
 """
 
 from __future__ import annotations
@@ -35,12 +38,12 @@ def base_labels(spec: NodeSpec) -> dict[str, str]:
 
 
 def hardware_labels(spec: NodeSpec) -> dict[str, str]:
-    """NFD's PCI label and GFD's GPU labels, as the GPU stack keeps them."""
+    """What NFD finds on the machine: an NVIDIA PCI device on GPU nodes."""
     if not spec.gpu_count or not spec.gpu_model:
         return {}
-    from ..fakegpu import gfd, models
+    from ..fakegpu import gfd
 
-    return gfd.node_labels(models.get_model(spec.gpu_model), spec.gpu_count)
+    return gfd.nfd_labels(spec.gpu_model, spec.gpu_count)
 
 
 def node_object(spec: NodeSpec, annotation: tuple[str, str]) -> dict[str, Any]:
@@ -55,10 +58,6 @@ def node_object(spec: NodeSpec, annotation: tuple[str, str]) -> dict[str, Any]:
         "hugepages-1Gi": "0",
         "hugepages-2Mi": "0",
     }
-    if spec.gpu_count:
-        # The device manager re-reports this from the device plugin; the
-        # initial value lets the node be schedulable from its first second.
-        resources["nvidia.com/gpu"] = str(spec.gpu_count)
     return {
         "apiVersion": "v1",
         "kind": "Node",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from kubernetes.utils import parse_quantity
@@ -10,6 +11,8 @@ from . import api
 from .embedded import COMPONENTS, EmbeddedCluster
 
 GPU_PREFIX = "nvidia.com/"
+# Written on each pod by the node agent after admission (gpulab.fakegpu.node).
+DEVICES_ANNOTATION = "gpulab.io/allocated-devices"
 
 
 def _requests(pod: dict[str, Any]) -> dict[str, float]:
@@ -47,6 +50,7 @@ def collect(cluster: EmbeddedCluster) -> dict[str, Any]:
         out["error"] = f"apiserver not answering: {e}"
         return out
     allocated: dict[str, dict[str, float]] = {}
+    devices: dict[str, list[dict[str, Any]]] = {}
     for pod in pods:
         node = (pod.get("spec") or {}).get("nodeName")
         if not node or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
@@ -54,6 +58,15 @@ def collect(cluster: EmbeddedCluster) -> dict[str, Any]:
         for k, v in _requests(pod).items():
             if k.startswith(GPU_PREFIX):
                 allocated.setdefault(node, {})[k] = allocated.get(node, {}).get(k, 0) + v
+        md = pod["metadata"]
+        try:
+            held = json.loads((md.get("annotations") or {}).get(DEVICES_ANNOTATION) or "{}")
+        except ValueError:
+            held = {}
+        for container, resources in sorted(held.items()):
+            for resource, ids in sorted(resources.items()):
+                devices.setdefault(node, []).append({"pod": f"{md['namespace']}/{md['name']}",
+                                                     "container": container, "resource": resource, "ids": ids})
     for node in sorted(nodes, key=lambda n: n["metadata"]["name"]):
         name = node["metadata"]["name"]
         st = node.get("status") or {}
@@ -70,6 +83,8 @@ def collect(cluster: EmbeddedCluster) -> dict[str, Any]:
                               "allocated": int(allocated.get(name, {}).get(r, 0))} for r in resources},
             "taints": [f"{t['key']}{'=' + t['value'] if t.get('value') else ''}:{t['effect']}"
                        for t in (node.get("spec") or {}).get("taints") or []],
+            # What the kubelet's device manager gave each container (its checkpoint, as pods show it).
+            "devices": devices.get(name, []),
         })
     return out
 
@@ -95,4 +110,9 @@ def render(st: dict[str, Any]) -> str:
                     f"{n['name'] if first else '':<14} {('yes' if n['ready'] else 'no') if first else '':<6} "
                     f"{(n['gpuModel'] or '-') if first else '':<26} {res:<24} {cap:>4} {alloc:>6} {used:>5}  "
                     f"{taints if first else ''}")
+    held = [(n["name"], d) for n in st["nodes"] for d in n.get("devices", [])]
+    if held:
+        lines += ["", f"{'NODE':<14} {'POD':<40} {'CONTAINER':<16} {'RESOURCE':<24} DEVICES"]
+        for node, d in held:
+            lines.append(f"{node:<14} {d['pod']:<40} {d['container']:<16} {d['resource']:<24} {','.join(d['ids'])}")
     return "\n".join(lines)

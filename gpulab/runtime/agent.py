@@ -150,8 +150,11 @@ class LogRegistry:
         logs = []
         execs = []
         for c in worker.init + worker.main:
-            entry: dict[str, Any] = {"containers": [c.name], "logsFile": str(c.log_path()), "follow": True}
             prev = c.previous_log_path()
+            current = c.log_path()
+            # Waiting to restart: the logs are the last run's, as a kubelet shows them.
+            shown = current if current.exists() or prev is None else prev
+            entry: dict[str, Any] = {"containers": [c.name], "logsFile": str(shown), "follow": True}
             if prev:
                 entry["previousLogsFile"] = str(prev)
             logs.append(entry)

@@ -162,8 +162,10 @@ class PodWorker(threading.Thread):
             if grace is None:
                 grace = pod["spec"].get("terminationGracePeriodSeconds", 30)
             self._kill_all(grace=float(grace), reason=None, event=True)
-            self.client.delete("Pod", self.key[1], self.key[0], grace_seconds=0, uid=self.key[2])
+            # Devices are free once the containers are gone, before the API
+            # object is: the next pod bound to them must find them released.
             self._cleanup()
+            self.client.delete("Pod", self.key[1], self.key[0], grace_seconds=0, uid=self.key[2])
             return True
         if self.terminal:
             self._release_devices()
@@ -348,6 +350,8 @@ class PodWorker(threading.Thread):
                              f"pod={self.key[1]}_{self.key[0]}({self.key[2]})")
         self._event("BackOff", "Back-off restarting failed container " f"{c.name} in pod "
                     f"{self.key[1]}_{self.key[0]}({self.key[2]})", "Warning")
+        # `kubectl logs --previous` must find the run that just failed, during the back-off.
+        self.agent.logs.register(self)
 
     def _probe(self, c: Container, now: float) -> None:
         prober = c.prober

@@ -1,0 +1,98 @@
+"""DCGM exporter metrics of a simulated node, in Prometheus' text format.
+
+The fields are those of dcgm-exporter's default counters, with its label
+set (``gpu``, ``UUID``, ``pci_bus_id``, ``device``, ``modelName``,
+``Hostname``; ``GPU_I_PROFILE``/``GPU_I_ID`` for MIG devices) and, as with
+``DCGM_EXPORTER_KUBERNETES=true``, the ``namespace``/``pod``/``container``
+holding the device. Like the real exporter, it cannot tell containers apart
+on a time-sliced GPU, so shared GPUs carry no pod labels.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .node import GpuNode
+
+#: (name, type, help) as dcgm-exporter's default-counters.csv describes them.
+FIELDS = (
+    ("DCGM_FI_DEV_SM_CLOCK", "gauge", "SM clock frequency (in MHz)."),
+    ("DCGM_FI_DEV_MEM_CLOCK", "gauge", "Memory clock frequency (in MHz)."),
+    ("DCGM_FI_DEV_GPU_TEMP", "gauge", "GPU temperature (in C)."),
+    ("DCGM_FI_DEV_POWER_USAGE", "gauge", "Power draw (in W)."),
+    ("DCGM_FI_DEV_GPU_UTIL", "gauge", "GPU utilization (in %)."),
+    ("DCGM_FI_DEV_MEM_COPY_UTIL", "gauge", "Memory utilization (in %)."),
+    ("DCGM_FI_DEV_FB_FREE", "gauge", "Framebuffer memory free (in MiB)."),
+    ("DCGM_FI_DEV_FB_USED", "gauge", "Framebuffer memory used (in MiB)."),
+    ("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "gauge", "Ratio of time the graphics engine is active."),
+)
+
+
+def _labels(d: dict[str, str]) -> str:
+    return "{" + ",".join(f'{k}="{v}"' for k, v in d.items()) + "}"
+
+
+def render(node: "GpuNode") -> str:
+    """The ``/metrics`` page of the node's exporter, now."""
+    state = node.state()
+    holders = node.holders()  # device UUID -> [(namespace, pod, container)]
+    series: dict[str, list[str]] = {name: [] for name, _, _ in FIELDS}
+    for gpu in state["gpus"]:
+        base = {"gpu": str(gpu["index"]), "UUID": gpu["uuid"], "pci_bus_id": gpu["bus_id"],
+                "device": f"nvidia{gpu['minor_number']}", "modelName": gpu["name"], "Hostname": node.name}
+        migs = gpu.get("mig_devices") or []
+        total = gpu["memory_total_mib"] - gpu.get("memory_reserved_mib", 0)
+        values = {
+            "DCGM_FI_DEV_SM_CLOCK": gpu["clocks"]["sm"], "DCGM_FI_DEV_MEM_CLOCK": gpu["clocks"]["memory"],
+            "DCGM_FI_DEV_GPU_TEMP": gpu["temperature_gpu"], "DCGM_FI_DEV_POWER_USAGE": gpu["power_draw_w"],
+            "DCGM_FI_DEV_GPU_UTIL": gpu["utilization_gpu"], "DCGM_FI_DEV_MEM_COPY_UTIL": gpu["utilization_memory"],
+            "DCGM_FI_DEV_FB_FREE": max(0, total - gpu["memory_used_mib"]),
+            "DCGM_FI_DEV_FB_USED": gpu["memory_used_mib"],
+            "DCGM_FI_PROF_GR_ENGINE_ACTIVE": round(gpu["utilization_gpu"] / 100, 6),
+        }
+        if not migs:
+            for name, value in values.items():
+                series[name].append(f"{name}{_labels({**base, **_owner(holders.get(gpu['uuid']))})} {value}")
+            continue
+        for name in ("DCGM_FI_DEV_SM_CLOCK", "DCGM_FI_DEV_MEM_CLOCK", "DCGM_FI_DEV_GPU_TEMP",
+                     "DCGM_FI_DEV_POWER_USAGE"):
+            series[name].append(f"{name}{_labels(base)} {values[name]}")
+        for m in migs:
+            labels = {**base, "GPU_I_PROFILE": m["profile"], "GPU_I_ID": str(m["gi_id"]),
+                      **_owner(holders.get(m["uuid"]))}
+            used = m["memory_used_mib"]
+            for name, value in (("DCGM_FI_DEV_FB_FREE", max(0, m["memory_total_mib"] - used)),
+                                ("DCGM_FI_DEV_FB_USED", used),
+                                ("DCGM_FI_PROF_GR_ENGINE_ACTIVE", round(node.mig_activity(m["uuid"]), 6))):
+                series[name].append(f"{name}{_labels(labels)} {value}")
+    lines: list[str] = []
+    for name, kind, help_ in FIELDS:
+        if series[name]:
+            lines += [f"# HELP {name} {help_}", f"# TYPE {name} {kind}", *series[name]]
+    return "\n".join(lines) + "\n"
+
+
+def _owner(holders: list[tuple[str, str, str]] | None) -> dict[str, str]:
+    # One holder: the metrics are that container's. Several (time-slicing): nobody's.
+    if not holders or len(holders) != 1:
+        return {}
+    namespace, pod, container = holders[0]
+    return {"container": container, "namespace": namespace, "pod": pod}
+
+
+def parse(text: str) -> list[tuple[str, dict[str, str], float]]:
+    """``(name, labels, value)`` of every sample of a metrics page (for tests and lessons)."""
+    out: list[tuple[str, dict[str, str], float]] = []
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        head, _, value = line.rpartition(" ")
+        name, _, rest = head.partition("{")
+        labels: dict[str, str] = {}
+        for part in rest.rstrip("}").split('",'):
+            if "=" in part:
+                k, _, v = part.partition("=")
+                labels[k] = v.strip('"')
+        out.append((name, labels, float(value)))
+    return out

@@ -1,0 +1,253 @@
+"""The simulated GPU stack inside the node agent: hardware, kubelet device side, NVIDIA's programs.
+
+The node agent (``python -m gpulab.runtime``) creates one :class:`GpuStack`
+and passes it as its :class:`~gpulab.runtime.agent.DeviceHooks`. The stack
+
+- keeps one :class:`~gpulab.fakegpu.node.GpuNode` per GPU node of the
+  topology (GPUs, faults, the kubelet's device manager, nvidia-smi state)
+  and routes each pod's admission, containers and termination to it;
+- registers the images of the GPU Operator and its operands as built-in
+  programs (:mod:`gpulab.fakegpu.operands`, :mod:`gpulab.fakegpu.operator`),
+  so the DaemonSet pods the operator creates run NVIDIA's components for
+  their node, as threads of this process;
+- shares one watch of Nodes and one of ClusterPolicies among those programs
+  (:meth:`node_object`, :meth:`subscribe`) and polls the fault files.
+
+Pod annotations it reads and writes:
+
+- ``gpulab.io/gpu-memory`` / ``gpulab.io/gpu-utilization`` (read): what a
+  container's CUDA program uses, see :mod:`gpulab.fakegpu.ledger`;
+- ``gpulab.io/allocated-devices`` (written after admission): the devices
+  the kubelet gave each container, ``{"<container>": {"<resource>": [IDs]}}``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from ..cluster import api
+from ..cluster.topology import load as load_topology
+from ..runtime.agent import ContainerKill, DeviceGrant
+from .node import GpuNode
+
+log = logging.getLogger("gpulab.fakegpu")
+
+OPERATOR_NAMESPACE = "gpu-operator"
+
+
+_EXEC_SHIM = """#!/bin/sh
+# `kubectl exec POD -- nvidia-smi`: run the nvidia-smi on the pod's own PATH
+# (its node's, where the container toolkit put it), or fail as a container
+# without one does.
+self=$(cd "$(dirname "$0")" && pwd)
+IFS=:
+for d in $PATH; do
+  if [ "$d" != "$self" ] && [ -x "$d/nvidia-smi" ]; then exec "$d/nvidia-smi" "$@"; fi
+done
+echo 'exec: "nvidia-smi": executable file not found in $PATH' >&2
+exit 127
+"""
+
+
+class Informer:
+    """List+watch of one cluster-scoped kind into a cache; calls ``on_change`` after each change."""
+
+    def __init__(self, client: api.Client, kind: str, on_change: Callable[[], None]):
+        self.client = client
+        self.kind = kind
+        self.on_change = on_change
+        self.cache: dict[str, dict[str, Any]] = {}
+        self.synced = threading.Event()
+        self.lock = threading.Lock()
+
+    def get(self, name: str) -> dict[str, Any] | None:
+        with self.lock:
+            return self.cache.get(name)
+
+    def items(self) -> list[dict[str, Any]]:
+        with self.lock:
+            return list(self.cache.values())
+
+    def run(self, stop: threading.Event) -> None:
+        while not stop.is_set():
+            try:
+                lst = self.client.list_raw(self.kind)
+                with self.lock:
+                    self.cache = {o["metadata"]["name"]: o for o in lst.get("items") or []}
+                self.synced.set()
+                self.on_change()
+                rv = lst["metadata"]["resourceVersion"]
+                while not stop.is_set():
+                    for ev in self.client.watch(self.kind, rv, timeout_seconds=240):
+                        if ev["type"] == "BOOKMARK":
+                            rv = ev["object"]["metadata"]["resourceVersion"]
+                            continue
+                        if ev["type"] == "ERROR":
+                            raise api.Gone(str(ev["object"]))
+                        obj = ev["object"]
+                        rv = obj["metadata"]["resourceVersion"]
+                        with self.lock:
+                            if ev["type"] == "DELETED":
+                                self.cache.pop(obj["metadata"]["name"], None)
+                            else:
+                                self.cache[obj["metadata"]["name"]] = obj
+                        self.on_change()
+            except api.Gone:
+                continue
+            except api.NotFound:
+                # The kind is not served yet (the ClusterPolicy CRD arrives with the operator).
+                stop.wait(2)
+            except Exception as e:
+                if stop.is_set():
+                    return
+                log.warning("watch of %s failed (%s); retrying", self.kind, e)
+                stop.wait(1)
+
+
+class Subscription:
+    """Wakes a program when the cluster or the simulated hardware changed."""
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+
+    def wait(self, timeout: float) -> bool:
+        """Block up to ``timeout`` seconds; True when something changed."""
+        changed = self.event.wait(timeout)
+        self.event.clear()
+        return changed
+
+
+class GpuStack:
+    def __init__(self, cluster_dir: Path, client: api.Client | None = None):
+        self.cluster_dir = Path(cluster_dir)
+        self.client = client or api.Client(self.cluster_dir / "kubeconfigs" / "node-agent.yaml")
+        self.stop_event = threading.Event()
+        self._subs: set[Subscription] = set()
+        self._subs_lock = threading.Lock()
+        self._events: dict[tuple[str, str, str], float] = {}
+        self.nodes_informer = Informer(self.client, "Node", self.notify)
+        self.policies = Informer(self.client, "ClusterPolicy", self.notify)
+        self.gpu_nodes: dict[str, GpuNode] = {}
+        for spec in self._topology().gpu_nodes:
+            self.gpu_nodes[spec.name] = GpuNode(self, spec, self.cluster_dir)
+        from . import operands, operator
+
+        operands.register(self)
+        operator.register(self)
+
+    def _topology(self):
+        try:
+            state = json.loads((self.cluster_dir / "state.json").read_text())
+        except (OSError, ValueError):
+            state = {}
+        return load_topology(state.get("topology"))
+
+    # -- lifecycle --------------------------------------------------------------
+
+    def start(self) -> None:
+        self._install_exec_shims()
+        for node in self.gpu_nodes.values():
+            node.start()
+        for name, target in (("gpu-watch-nodes", self.nodes_informer.run),
+                             ("gpu-watch-clusterpolicies", self.policies.run),
+                             ("gpu-faults", self._watch_faults)):
+            threading.Thread(target=target, args=(self.stop_event,), daemon=True, name=name).start()
+        self.nodes_informer.synced.wait(10)
+
+    def _install_exec_shims(self) -> None:
+        # kwok runs `kubectl exec` commands on the host and resolves them on
+        # its own PATH, which starts with <cluster>/bin (see embedded.py).
+        bin_dir = self.cluster_dir / "bin"
+        bin_dir.mkdir(parents=True, exist_ok=True)
+        bin_dir.chmod(0o755)
+        shim = bin_dir / "nvidia-smi"
+        tmp = bin_dir / ".nvidia-smi.tmp"
+        tmp.write_text(_EXEC_SHIM)
+        tmp.chmod(0o755)
+        os.replace(tmp, shim)
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        for node in self.gpu_nodes.values():
+            node.stop()
+
+    def _watch_faults(self, stop: threading.Event) -> None:
+        while not stop.wait(0.5):
+            changed = False
+            for node in self.gpu_nodes.values():
+                try:
+                    changed |= node.reload_faults()
+                except Exception:
+                    log.exception("cannot reload faults of %s", node.name)
+            if changed:
+                self.notify()
+
+    # -- for programs -----------------------------------------------------------
+
+    def gpu_node(self, name: str) -> GpuNode | None:
+        return self.gpu_nodes.get(name)
+
+    def node_object(self, name: str) -> dict[str, Any] | None:
+        return self.nodes_informer.get(name)
+
+    def subscribe(self) -> Subscription:
+        sub = Subscription()
+        with self._subs_lock:
+            self._subs.add(sub)
+        return sub
+
+    def unsubscribe(self, sub: Subscription) -> None:
+        with self._subs_lock:
+            self._subs.discard(sub)
+
+    def notify(self) -> None:
+        with self._subs_lock:
+            subs = list(self._subs)
+        for s in subs:
+            s.event.set()
+
+    def node_event(self, node: str, reason: str, message: str, type_: str = "Normal",
+                   component: str = "gpu-operator", every: float = 60) -> None:
+        """An Event on a Node; the same one is not repeated within ``every`` seconds."""
+        key = (node, reason, message)
+        now = time.monotonic()
+        if now - self._events.get(key, -every) < every:
+            return
+        self._events[key] = now
+        obj = self.node_object(node) or {"metadata": {"name": node, "uid": ""}}
+        self.client.event({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node,
+                           "uid": obj["metadata"].get("uid") or node}},
+                          reason, message, type_, component=component, host=node)
+
+    def pod_event(self, pod: dict[str, Any], reason: str, message: str, type_: str = "Normal") -> None:
+        self.client.event({**pod, "kind": "Pod"}, reason, message, type_, component="kubelet",
+                          host=pod["spec"].get("nodeName"))
+
+    # -- DeviceHooks ------------------------------------------------------------
+
+    def _node_of(self, pod: dict[str, Any]) -> GpuNode | None:
+        return self.gpu_nodes.get((pod.get("spec") or {}).get("nodeName", ""))
+
+    def admit(self, pod: dict[str, Any]) -> None:
+        node = self._node_of(pod)
+        if node is not None:
+            node.admit(pod)
+
+    def prepare(self, pod: dict[str, Any], container: dict[str, Any]) -> DeviceGrant:
+        node = self._node_of(pod)
+        return node.prepare(pod, container) if node is not None else DeviceGrant()
+
+    def observe(self, pod: dict[str, Any], container: dict[str, Any], running: bool) -> ContainerKill | None:
+        node = self._node_of(pod)
+        return node.observe(pod, container, running) if node is not None else None
+
+    def release(self, pod: dict[str, Any]) -> None:
+        node = self._node_of(pod)
+        if node is not None:
+            node.release(pod)

@@ -1,0 +1,275 @@
+"""One simulated GPU node end to end, without a cluster: plugin ↔ device manager over real sockets,
+admission, what containers get, and what their CUDA programs run into."""
+
+from __future__ import annotations
+
+import io
+import shutil
+import tempfile
+import threading
+from pathlib import Path
+
+import pytest
+from deviceplugin_support import eventually
+
+from gpulab.cluster.topology import NodeSpec
+from gpulab.fakegpu import dcgm, faults, nvidiasmi
+from gpulab.fakegpu.config import advertised_resources, parse_config
+from gpulab.fakegpu.deviceplugin.plugin import DevicePlugin, PluginConfig
+from gpulab.fakegpu.node import DEVICES_ANNOTATION, GpuNode, cuda_runtime_of
+from gpulab.runtime.agent import AdmissionError
+
+CUDA = "nvcr.io/nvidia/cuda:12.6.2-base-ubuntu24.04"
+TIME_SLICING = """
+version: v1
+sharing:
+  timeSlicing:
+    failRequestsGreaterThanOne: true
+    resources:
+    - name: nvidia.com/gpu
+      replicas: 4
+"""
+
+
+class Recorder:
+    """Stands in for the API client: remembers what the node wrote."""
+
+    def __init__(self) -> None:
+        self.patches: list[tuple[str, str, dict, str | None]] = []
+        self.events: list[tuple[str, str]] = []
+        self.lock = threading.Lock()
+
+    def patch(self, kind, name, body, namespace=None, subresource=None, strategy="merge"):
+        with self.lock:
+            self.patches.append((kind, name, body, subresource))
+        return body
+
+    def event(self, involved, reason, message, type_="Normal", component="kubelet", host=None):
+        self.events.append((reason, message))
+
+    def node_status(self) -> dict:
+        with self.lock:
+            status = [b["status"] for k, _, b, sub in self.patches if k == "Node" and sub == "status"]
+        return status[-1] if status else {}
+
+
+class Stack:
+    def __init__(self) -> None:
+        self.client = Recorder()
+
+    def notify(self) -> None:
+        pass
+
+    def pod_event(self, pod, reason, message, type_="Normal") -> None:
+        self.client.event(pod, reason, message, type_)
+
+
+@pytest.fixture
+def cluster_dir():
+    path = Path(tempfile.mkdtemp(prefix="gn-", dir="/tmp"))  # short: unix socket paths
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def node(cluster_dir):
+    spec = NodeSpec("gpu-node-1", "gpu", "32", "256Gi", 110, "h100-80gb", 2, {}, ())
+    n = GpuNode(Stack(), spec, cluster_dir)
+    n.start()
+    yield n
+    n.stop()
+
+
+@pytest.fixture
+def plugin(node):
+    """The node's device plugin, started with a config as the plugin program would."""
+    started: list[DevicePlugin] = []
+
+    def start(config_text: str | None = None) -> DevicePlugin:
+        config = parse_config(config_text) if config_text else None
+        resources = advertised_resources(node.model, node.count, node.name, config, mig_layout=node.mig_layout)
+        node.publish(resources)
+        p = DevicePlugin(PluginConfig(plugin_dir=node.plugin_dir, nvidia_smi=node.nvidia_smi,
+                                      state_dir=node.plugin_dir / "gpulab-nvidia-smi", dev_root=node.dev_root,
+                                      poll_interval=0.05), inventory=node.inventory(resources))
+        p.start()
+        started.append(p)
+        return p
+
+    yield start
+    for p in started:
+        p.stop()
+
+
+def pod(name: str, gpus: int = 1, memory: str | None = None, resource: str = "nvidia.com/gpu") -> dict:
+    annotations = {"gpulab.io/gpu-memory": memory} if memory else {}
+    return {"metadata": {"name": name, "namespace": "default", "uid": f"uid-{name}", "annotations": annotations},
+            "spec": {"nodeName": "gpu-node-1", "containers": [
+                {"name": "main", "image": CUDA, "command": ["python3", "train.py"],
+                 "resources": {"limits": {resource: str(gpus)}}}]}}
+
+
+def smi(grant, *args: str) -> tuple[int, str]:
+    out = io.StringIO()
+    rc = nvidiasmi.run(list(args), env=grant.env, out=out, err=out)
+    return rc, out.getvalue()
+
+
+def test_plugin_counts_become_the_nodes_capacity_and_allocatable(node, plugin) -> None:
+    plugin(TIME_SLICING)
+    status = eventually(lambda: node.stack.client.node_status().get("capacity"))
+    assert status == {"nvidia.com/gpu": "8"}
+    assert node.stack.client.node_status()["allocatable"] == {"nvidia.com/gpu": "8"}
+
+
+def test_an_unhealthy_gpu_lowers_allocatable_only(node, plugin, cluster_dir) -> None:
+    p = plugin()
+    eventually(lambda: node.stack.client.node_status().get("allocatable") == {"nvidia.com/gpu": "2"})
+    faults.inject(cluster_dir, {"gpu-node-1": 2}, "gpu-node-1", faults.GPU_UNHEALTHY, gpu=1)
+    assert node.reload_faults()
+    p.update_inventory(node.inventory(advertised_resources(node.model, 2, node.name)))
+    eventually(lambda: node.stack.client.node_status().get("allocatable") == {"nvidia.com/gpu": "1"})
+    assert node.stack.client.node_status()["capacity"] == {"nvidia.com/gpu": "2"}
+
+
+def test_admission_allocates_and_the_container_sees_its_gpu(node, plugin) -> None:
+    plugin()
+    eventually(lambda: node.manager.resource_counts() == {"nvidia.com/gpu": (2, 2)})
+    p = pod("gpu-check")
+    node.admit(p)
+    annotation = next(b for k, _, b, _ in node.stack.client.patches if k == "Pod")["metadata"]["annotations"]
+    assert '"nvidia.com/gpu": ["GPU-' in annotation[DEVICES_ANNOTATION]
+    grant = node.prepare(p, p["spec"]["containers"][0])
+    assert grant.env["NVIDIA_VISIBLE_DEVICES"].startswith("GPU-")
+    assert any(m.container_path == "/usr/bin/nvidia-smi" and m.host_path == str(node.nvidia_smi)
+               for m in grant.mounts)
+    assert {d.container_path for d in grant.devices} >= {"/dev/nvidiactl", "/dev/nvidia-uvm"}
+    rc, text = smi(grant)
+    assert rc == 0 and "NVIDIA H100 80GB HBM3" in text and "No running processes found" in text
+    rc, text = smi(grant, "-L")
+    assert text.count("GPU ") == 1  # one of the node's two GPUs
+
+
+def test_a_container_without_gpus_on_a_gpu_node_finds_none(node) -> None:
+    p = pod("nginx", gpus=0)
+    grant = node.prepare(p, p["spec"]["containers"][0])
+    rc, text = smi(grant)
+    assert (rc, text.strip()) == (6, "No devices were found")
+
+
+def test_too_many_gpus_is_refused_as_out_of_resource(node, plugin) -> None:
+    plugin()
+    eventually(lambda: node.manager.resource_counts() == {"nvidia.com/gpu": (2, 2)})
+    node.admit(pod("one"))
+    with pytest.raises(AdmissionError) as e:
+        node.admit(pod("two", gpus=2))
+    assert e.value.reason == "OutOfnvidia.com/gpu"
+    assert e.value.message == ("Node didn't have enough resource: nvidia.com/gpu, requested: 2, used: 1, "
+                               "capacity: 2")
+
+
+def test_an_allocate_error_is_an_unexpected_admission_error(node, plugin) -> None:
+    plugin(TIME_SLICING)
+    eventually(lambda: node.manager.resource_counts() == {"nvidia.com/gpu": (8, 8)})
+    with pytest.raises(AdmissionError) as e:
+        node.admit(pod("two-replicas", gpus=2))
+    assert e.value.reason == "UnexpectedAdmissionError"
+    assert e.value.message.startswith("Allocate failed due to rpc error: code = Unknown desc = ")
+    assert "maximum request size for shared resources is 1; found 2" in e.value.message
+    assert e.value.message.endswith(", which is unexpected")
+    assert node.manager.pod_devices() == {}  # nothing is left half-allocated
+
+
+def test_time_sliced_neighbours_run_out_of_memory_together(node, plugin) -> None:
+    plugin(TIME_SLICING.replace("failRequestsGreaterThanOne: true", "failRequestsGreaterThanOne: false"))
+    eventually(lambda: node.manager.resource_counts() == {"nvidia.com/gpu": (8, 8)})
+    pods = [pod(f"p{i}", memory="30Gi") for i in range(5)]
+    kills = {}
+    for p in pods:
+        node.admit(p)
+        kill = node.observe(p, p["spec"]["containers"][0], running=True)
+        if kill:
+            kills[p["metadata"]["name"]] = kill
+    for p in pods:  # the neighbours hear of it on their next sync
+        kill = node.observe(p, p["spec"]["containers"][0], running=True)
+        if kill:
+            kills[p["metadata"]["name"]] = kill
+    by_gpu: dict[str, list[str]] = {}
+    for p in pods:
+        [device] = node.manager.allocations(p["metadata"]["uid"])[0].device_ids
+        by_gpu.setdefault(device.split("::")[0], []).append(p["metadata"]["name"])
+    crowded = [names for names in by_gpu.values() if len(names) * 30 > 79.65]
+    assert crowded, by_gpu
+    for names in by_gpu.values():
+        for name in names:
+            if names in crowded:
+                assert kills[name].exit_code == 1 and "CUDA out of memory" in kills[name].lines[0]
+            else:
+                assert name not in kills
+    host = node.state()
+    assert sum(len(g["processes"]) for g in host["gpus"]) == sum(len(n) for n in by_gpu.values() if n not in crowded)
+
+
+def test_a_declared_cuda_program_fails_on_a_broken_driver(node, plugin, cluster_dir) -> None:
+    plugin()
+    eventually(lambda: node.manager.resource_counts() == {"nvidia.com/gpu": (2, 2)})
+    faults.inject(cluster_dir, {"gpu-node-1": 2}, "gpu-node-1", faults.FABRIC_MANAGER_DOWN)
+    node.reload_faults()
+    p = pod("train", memory="1Gi")
+    node.admit(p)
+    kill = node.observe(p, p["spec"]["containers"][0], running=True)
+    assert kill is not None and kill.lines == [
+        "CUDA error: system not yet initialized (cudaErrorSystemNotReady = 802)"]
+
+
+def test_release_frees_devices_and_memory(node, plugin) -> None:
+    plugin()
+    eventually(lambda: node.manager.resource_counts() == {"nvidia.com/gpu": (2, 2)})
+    big = [pod(f"b{i}", gpus=1, memory="70Gi") for i in range(2)]
+    for p in big:
+        node.admit(p)
+        assert node.observe(p, p["spec"]["containers"][0], running=True) is None
+    assert sorted(node.gpu_pods()) == ["default/b0", "default/b1"]
+    assert all(g["memory_used_mib"] == 70 * 1024 for g in node.state()["gpus"])
+    for p in big:
+        node.release(p)
+    assert node.gpu_pods() == [] and all(g["memory_used_mib"] == 0 for g in node.state()["gpus"])
+
+
+def test_mig_devices_from_the_hardware_state(node, plugin) -> None:
+    node.apply_mig(node.model.layout("all-1g.10gb"))
+    assert (node.gpu_dir / "hardware.json").exists()
+    plugin("version: v1\nflags:\n  migStrategy: mixed\n")
+    eventually(lambda: node.manager.resource_counts().get("nvidia.com/mig-1g.10gb") == (14, 14))
+    ok, big = pod("ok", memory="8Gi", resource="nvidia.com/mig-1g.10gb"), pod(
+        "big", memory="12Gi", resource="nvidia.com/mig-1g.10gb")
+    for p in (ok, big):
+        node.admit(p)
+    assert node.observe(ok, ok["spec"]["containers"][0], running=True) is None
+    kill = node.observe(big, big["spec"]["containers"][0], running=True)
+    assert kill and "GPU 0 has a total capacity of 9.75 GiB" in kill.lines[0]
+    rc, text = smi(node.prepare(ok, ok["spec"]["containers"][0]), "-L")
+    assert rc == 0 and text.count("MIG 1g.10gb") == 1
+    metrics = dcgm.parse(dcgm.render(node))
+    used = [(labels.get("pod"), v) for name, labels, v in metrics if name == "DCGM_FI_DEV_FB_USED" and "GPU_I_ID" in labels]
+    assert ("ok", 8192.0) in used
+
+
+def test_dcgm_metrics_name_the_pod_of_an_exclusive_gpu(node, plugin) -> None:
+    plugin()
+    eventually(lambda: node.manager.resource_counts() == {"nvidia.com/gpu": (2, 2)})
+    p = pod("infer", memory="16Gi")
+    p["metadata"]["annotations"]["gpulab.io/gpu-utilization"] = "75"
+    node.admit(p)
+    node.observe(p, p["spec"]["containers"][0], running=True)
+    samples = dcgm.parse(dcgm.render(node))
+    util = {labels["gpu"]: (v, labels.get("pod")) for name, labels, v in samples if name == "DCGM_FI_DEV_GPU_UTIL"}
+    assert sorted(util.values()) == [(0.0, None), (75.0, "infer")]
+
+
+@pytest.mark.parametrize("image,runtime", [
+    (CUDA, "12.6"), ("nvcr.io/nvidia/cuda:11.8.0-runtime-ubi8", "11.8"),
+    ("nvcr.io/nvidia/pytorch:24.05-py3", None), ("ubuntu:24.04", None),
+])
+def test_cuda_runtime_of_images(image: str, runtime: str | None) -> None:
+    assert cuda_runtime_of(image) == runtime
