@@ -1,10 +1,14 @@
 """Grading: papermill-executed lab notebooks, pure checks, a CSV gradebook.
 
-Notebook side: :func:`record` (values for the grader). Instructor side:
+Notebook side: :func:`record` (values for the grader) and
+:mod:`gpulab.grading.labkit` (``begin``, ``kubectl``). Instructor side:
 :func:`grade_batch` / :func:`grade_lab` (gradebook), :class:`Runner`
-(one notebook in its own process tree), :func:`generate_all` /
-:func:`check_drift` (labs generated from solutions). Check authors use
-:mod:`gpulab.grading.checks`.
+(one notebook in its own process tree, optionally in a :class:`Jail`),
+:func:`generate_all` / :func:`check_drift` (labs generated from solutions).
+On the cluster: :func:`grade_submissions` (``gpulab grade``) and
+:func:`check_notebook` (``gpulab check``) with a :class:`ClusterSandbox`
+(namespaces and a namespace-scoped identity per submission) and a
+:class:`ClusterCollector`. Check authors use :mod:`gpulab.grading.checks`.
 
 The heavier modules are imported on first use, so ``import gpulab.grading``
 in a lab notebook stays cheap.
@@ -40,6 +44,8 @@ _LAZY = {
     "ProgressEvent": "gradebook", "TqdmProgress": "gradebook", "read_gradebook": "gradebook",
     "generate_lab": "labsource", "generate_all": "labsource", "check_drift": "labsource",
     "LabDrift": "labsource", "LabSourceError": "labsource",
+    "ClusterCollector": "cluster", "ClusterSandbox": "cluster", "LabSpec": "cluster", "load_lab_spec": "cluster",
+    "Jail": "jail", "grade_submissions": "grader", "check_notebook": "grader", "GradingError": "grader",
 }
 
 __all__ = ["Check", "CheckLoadError", "CheckOutcome", "CheckResult", "CheckSuite", "Context", "check", "failed",

@@ -60,11 +60,13 @@ class Collector(Protocol):
 class Sandbox(Protocol):
     """Optional per-submission environment: a namespace and a restricted identity.
 
-    ``prepare`` creates them and returns environment variables for the kernel
-    (e.g. ``{"KUBECONFIG": path}``); ``release`` removes them after collection.
+    ``prepare`` creates them for ``learner`` and returns environment variables
+    for the kernel (e.g. ``{"KUBECONFIG": path}``); ``release`` removes them
+    after collection. :class:`gpulab.grading.cluster.ClusterSandbox` is the
+    cluster implementation.
     """
 
-    def prepare(self, namespace: str) -> Mapping[str, str]: ...
+    def prepare(self, namespace: str, learner: str) -> Mapping[str, str]: ...
 
     def release(self, namespace: str) -> None: ...
 
@@ -321,7 +323,7 @@ def grade_submission(sub: Submission, lab: str, suite: CheckSuite, runner: Noteb
     runs = out_dir / "runs"
     env: Mapping[str, str] = {}
     if sandbox is not None:
-        env = sandbox.prepare(namespace)
+        env = sandbox.prepare(namespace, sub.learner)
     try:
         params = {**(parameters or {}), "namespace": namespace}
         execution = runner.run(sub.notebook, runs, parameters=params, cwd=Path(cwd) if cwd else None, env=env,

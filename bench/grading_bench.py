@@ -1,0 +1,201 @@
+"""Grading benchmark: seconds per graded submission, per lab and for a batch of 20.
+
+    .venv/bin/python bench/grading_bench.py [--lab 01] [--batch 20] [--labs 01,03,05,07] [--no-jail]
+                                            [--reset-compare] [--home DIR]
+
+Starts a fresh cluster in a temp GPULAB_HOME (or uses the running one in
+``--home``), then
+
+1. grades the solution of every lab in ``--labs`` once, as ``gpulab grade``
+   does (jail, namespace-scoped identity, collection, release and — for
+   cluster-wide labs — restore), and splits each submission's time into its
+   phases;
+2. grades a batch of ``--batch`` submissions of ``--lab`` (solutions and
+   untouched labs, alternating) into a gradebook;
+3. with ``--reset-compare``, times one targeted restore of a cluster-wide lab
+   against one ``EmbeddedCluster.reset()``.
+
+Results print as Markdown tables for BENCHMARKS.md. Target: ≤ 15 s per
+submission on 2 cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+import nbformat  # noqa: E402
+
+from gpulab.cluster.embedded import EmbeddedCluster  # noqa: E402
+from gpulab.grading import grader  # noqa: E402
+from gpulab.grading.cluster import ClusterState  # noqa: E402
+from gpulab.grading.gradebook import ProgressEvent  # noqa: E402
+
+
+class Phases:
+    """Wraps a grading setup's sandbox, runner and collector to time each phase of each submission."""
+
+    def __init__(self, ready: grader.Setup):
+        self.times: dict[str, list[float]] = defaultdict(list)
+        for obj, method, name in ((ready.sandbox, "prepare", "prepare (namespaces, RBAC, cert)"),
+                                  (ready.runner, "run", "notebook run (jail + papermill)"),
+                                  (ready.collector, "collect", "collect objects"),
+                                  (ready.sandbox, "release", "release (+ restore)")):
+            self._wrap(obj, method, name)
+
+    def _wrap(self, obj, method, name):
+        original = getattr(obj, method)
+
+        def timed(*args, **kwargs):
+            start = time.monotonic()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                self.times[name].append(time.monotonic() - start)
+
+        setattr(obj, method, timed)
+
+
+class Clock:
+    """A progress callback recording each submission's wall time."""
+
+    def __init__(self):
+        self.started: dict[str, float] = {}
+        self.seconds: list[float] = []
+        self.statuses: list[str] = []
+
+    def __call__(self, event: ProgressEvent) -> None:
+        if event.phase == "start":
+            self.started[event.learner] = time.monotonic()
+        else:
+            self.seconds.append(time.monotonic() - self.started[event.learner])
+            self.statuses.append(event.row.status if event.row else "?")
+            print(f"  {event.index}/{event.total} {event.learner}: {self.seconds[-1]:.1f} s "
+                  f"({self.statuses[-1]}, {event.row.total if event.row else '?'})", file=sys.stderr)
+
+
+def grade(cluster, lab: str, subs: Path, out: Path, jail: bool) -> tuple[Clock, Phases, list]:
+    ready = grader.setup(lab, cluster=cluster, jail=jail, masks=(subs, out))
+    phases = Phases(ready)
+    clock = Clock()
+    try:
+        result = grader.grade_batch(subs, ready.spec.lab, ready.suite, ready.runner, out, progress=clock,
+                                    collector=ready.collector, sandbox=ready.sandbox,
+                                    namespace_for=grader.namespace_for(ready.spec))
+    finally:
+        ready.close()
+    return clock, phases, result.rows
+
+
+def stats(values: list[float]) -> str:
+    if not values:
+        return "—"
+    if len(values) == 1:
+        return f"{values[0]:.1f} s"
+    return f"{statistics.median(values):.1f} s (min {min(values):.1f}, max {max(values):.1f})"
+
+
+def bench_labs(cluster, labs: list[str], work: Path, jail: bool) -> None:
+    rows = []
+    for lab in labs:
+        spec = grader.load_lab_spec(lab)
+        subs = work / f"one-{lab}"
+        subs.mkdir(parents=True)
+        shutil.copy(REPO / "solutions" / f"{spec.lab}.ipynb", subs / "alice.ipynb")
+        print(f"lab {spec.lab}: one solution", file=sys.stderr)
+        clock, phases, result = grade(cluster, lab, subs, work / f"one-{lab}-out", jail)
+        row = result[0]
+        parts = ", ".join(f"{name} {v[0]:.1f}" for name, v in phases.times.items())
+        rows.append(f"| {spec.lab} | {clock.seconds[0]:.1f} s | {row.total:g}/{row.max_points:g} | {parts} |")
+    print("\n| lab (solution) | seconds per submission | score | phases (s) |\n|---|---|---|---|")
+    print("\n".join(rows))
+
+
+def bench_batch(cluster, lab: str, n: int, work: Path, jail: bool) -> None:
+    spec = grader.load_lab_spec(lab)
+    subs = work / f"batch-{lab}"
+    subs.mkdir(parents=True)
+    solution = nbformat.read(REPO / "solutions" / f"{spec.lab}.ipynb", as_version=4)
+    untouched = nbformat.read(REPO / "labs" / f"{spec.lab}.ipynb", as_version=4)
+    for i in range(n):
+        nbformat.write(solution if i % 2 == 0 else untouched, subs / f"learner-{i:02d}.ipynb")
+    print(f"lab {spec.lab}: batch of {n}", file=sys.stderr)
+    started = time.monotonic()
+    clock, phases, rows = grade(cluster, lab, subs, work / f"batch-{lab}-out", jail)
+    total = time.monotonic() - started
+    print(f"\n| batch of {n} × lab {spec.lab} | value |\n|---|---|")
+    print(f"| wall time, whole batch (setup included) | {total:.1f} s |")
+    print(f"| per submission | {stats(clock.seconds)} |")
+    print(f"| per submission, mean | {statistics.mean(clock.seconds):.1f} s |")
+    for name, values in phases.times.items():
+        print(f"| of which {name} | {stats(values)} |")
+    print(f"| statuses | {', '.join(f'{s} {clock.statuses.count(s)}' for s in sorted(set(clock.statuses)))} |")
+
+
+def bench_reset(cluster) -> None:
+    from gpulab.cluster import api
+
+    client = api.Client(cluster.kubeconfig)
+    state = ClusterState.capture(client)
+    client.patch("Node", "gpu-node-1", {"metadata": {"labels": {"node-role.kubernetes.io/ai": "true"}},
+                                        "spec": {"taints": [{"key": "nvidia.com/gpu", "value": "true",
+                                                             "effect": "NoSchedule"}]}})
+    start = time.monotonic()
+    state.capture(client)
+    state.restore(client)
+    targeted = time.monotonic() - start
+    start = time.monotonic()
+    cluster.reset(say=lambda _m: None)
+    reset = time.monotonic() - start
+    print("\n| restoring cluster-wide state after a submission | time |\n|---|---|")
+    print(f"| targeted restore (capture + patch nodes, PriorityClasses) | {targeted:.2f} s |")
+    print(f"| `EmbeddedCluster.reset()` (down, wipe etcd and volumes, up) | {reset:.1f} s |")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--lab", default="01", help="lab of the batch (default 01)")
+    parser.add_argument("--batch", type=int, default=20)
+    parser.add_argument("--labs", default="01,03,05,07", help="labs graded once each ('' to skip)")
+    parser.add_argument("--no-jail", action="store_true")
+    parser.add_argument("--reset-compare", action="store_true")
+    parser.add_argument("--home", type=Path, help="use the running cluster of this GPULAB_HOME")
+    args = parser.parse_args()
+
+    work = Path(tempfile.mkdtemp(prefix="gl-gradebench-"))
+    home = args.home or Path(tempfile.mkdtemp(prefix="glg-", dir="/tmp"))
+    os.environ["GPULAB_HOME"] = str(home)
+    cluster = EmbeddedCluster(home / "cluster")
+    own = args.home is None
+    try:
+        if own:
+            start = time.monotonic()
+            cluster.up(say=lambda _m: None)
+            print(f"cluster up in {time.monotonic() - start:.1f} s", file=sys.stderr)
+        print(f"\nmachine: {os.cpu_count()} cores; jail {'off' if args.no_jail else 'on'}")
+        if args.labs:
+            bench_labs(cluster, [lab.strip() for lab in args.labs.split(",") if lab.strip()], work, not args.no_jail)
+        if args.batch:
+            bench_batch(cluster, args.lab, args.batch, work, not args.no_jail)
+        if args.reset_compare:
+            bench_reset(cluster)
+    finally:
+        if own:
+            cluster.down(purge=True)
+            shutil.rmtree(home, ignore_errors=True)
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

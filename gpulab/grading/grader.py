@@ -1,0 +1,167 @@
+"""Grading against the local cluster: what ``gpulab check`` and ``gpulab grade`` run.
+
+Both use the same pieces, so a learner's ``check`` sees exactly what the
+instructor's ``grade`` will: the lab's :class:`~gpulab.grading.cluster.LabSpec`,
+a :class:`~gpulab.grading.cluster.ClusterSandbox` (fresh namespaces and a
+namespace-scoped identity per run), a :class:`~gpulab.grading.cluster.ClusterCollector`,
+and a :class:`~gpulab.grading.runner.Runner` in a :class:`~gpulab.grading.jail.Jail`.
+"""
+
+from __future__ import annotations
+
+import getpass
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gpulab import paths
+
+from .checks import CheckLoadError, CheckSuite, load_hidden_checks, load_lab_checks
+from .cluster import ClusterCollector, ClusterSandbox, LabSpec, SandboxError, delete_leftovers, load_lab_spec
+from .gradebook import (
+    BatchResult,
+    GradeRow,
+    ProgressEvent,
+    Submission,
+    TqdmProgress,
+    feedback_markdown,
+    grade_batch,
+    grade_submission,
+    k8s_name,
+)
+from .jail import Jail
+from .runner import Runner
+
+
+class GradingError(RuntimeError):
+    """Grading cannot start (no cluster, unknown lab, no jail); the message says what to do."""
+
+
+def lab_of_notebook(path: str | Path) -> str:
+    """``labs/03-taints-tolerations.ipynb`` → ``"03"``."""
+    match = re.match(r"^(\d+)", Path(path).name)
+    if not match:
+        raise GradingError(f"{path}: a lab notebook's name starts with its number (e.g. 03-taints-tolerations.ipynb)")
+    return f"{int(match.group(1)):02d}"
+
+
+def lab_notebook(spec: LabSpec) -> Path:
+    """The generated learner notebook of a lab (``labs/NN-<slug>.ipynb``)."""
+    return paths.repo_root() / "labs" / f"{spec.lab}.ipynb"
+
+
+def _cluster(cluster: Any = None) -> Any:
+    from gpulab.cluster.embedded import EmbeddedCluster
+
+    cluster = cluster or EmbeddedCluster()
+    if not cluster.exists() or not cluster.is_up():
+        raise GradingError(f"the cluster in {cluster.root} is not running: start it with `gpulab up`")
+    return cluster
+
+
+def _spec(lab: str) -> LabSpec:
+    try:
+        return load_lab_spec(lab)
+    except CheckLoadError as exc:
+        raise GradingError(str(exc)) from exc
+
+
+@dataclass
+class Setup:
+    """Everything one lab's grading needs, built once per batch."""
+
+    spec: LabSpec
+    suite: CheckSuite
+    runner: Runner
+    collector: ClusterCollector
+    sandbox: ClusterSandbox
+
+    def close(self) -> None:
+        self.sandbox.close()
+
+
+def setup(lab: str, *, cluster: Any = None, hidden: str | Path | None = None, jail: bool = True,
+          masks: Iterable[str | Path] = (), restore: str = "targeted", cell_timeout: float | None = None,
+          timeout: float | None = None) -> Setup:
+    """Build the runner, collector and sandbox for ``lab`` on ``cluster`` (default: the local one)."""
+    spec = _spec(lab)
+    cluster = _cluster(cluster)
+    try:
+        suite = load_lab_checks(lab)
+        if hidden is not None:
+            suite = suite.with_hidden(load_hidden_checks(hidden, spec.lab))
+    except CheckLoadError as exc:
+        raise GradingError(str(exc)) from exc
+    cage = None
+    if jail:
+        cage = Jail(mask=[p for p in (hidden, *masks) if p is not None])
+        try:
+            cage.check()
+        except RuntimeError as exc:
+            raise GradingError(str(exc)) from exc
+    runner = Runner(cell_timeout=cell_timeout or spec.cell_timeout, timeout=timeout or spec.timeout, jail=cage)
+    sandbox = ClusterSandbox.for_cluster(cluster, spec, restore=restore)
+    return Setup(spec, suite, runner, ClusterCollector(sandbox.client, spec), sandbox)
+
+
+def namespace_for(spec: LabSpec, prefix: str = "grade") -> Callable[[str, str], str]:
+    """``grade-NN-<learner>``, short enough for the lab's extra namespaces."""
+    return lambda _lab, learner: k8s_name(prefix, spec.number, learner, limit=spec.namespace_room)
+
+
+def grade_submissions(submissions_dir: str | Path, lab: str, out_dir: str | Path, *, hidden: str | Path | None = None,
+                      jail: bool = True, restore: str = "targeted", cluster: Any = None,
+                      progress: Callable[[ProgressEvent], None] | bool = True,
+                      cell_timeout: float | None = None) -> BatchResult:
+    """Grade every submission of ``lab`` in ``submissions_dir`` on the local cluster (``gpulab grade``)."""
+    submissions_dir, out_dir = Path(submissions_dir), Path(out_dir)
+    if not submissions_dir.is_dir():
+        raise GradingError(f"{submissions_dir}: no such directory of submissions")
+    ready = setup(lab, cluster=cluster, hidden=hidden, jail=jail, masks=(submissions_dir, out_dir), restore=restore,
+                  cell_timeout=cell_timeout)
+    bar = TqdmProgress() if progress is True else (progress or None)
+    try:
+        # An interrupted earlier batch may have left namespaces behind, holding GPUs this one needs.
+        delete_leftovers(ready.sandbox.client, f"grade-{ready.spec.number}-")
+        return grade_batch(submissions_dir, ready.spec.lab, ready.suite, ready.runner, out_dir,
+                           progress=bar, collector=ready.collector, sandbox=ready.sandbox,
+                           namespace_for=namespace_for(ready.spec))
+    finally:
+        if isinstance(bar, TqdmProgress):
+            bar.close()
+        ready.close()
+
+
+@dataclass
+class CheckReport:
+    row: GradeRow
+    feedback: str
+    spec: LabSpec
+    out_dir: Path
+
+
+def check_notebook(notebook: str | Path, *, lab: str | None = None, out_dir: str | Path | None = None,
+                   jail: bool = True, cluster: Any = None, learner: str | None = None) -> CheckReport:
+    """Run one notebook as the grader would (``gpulab check``); visible checks only."""
+    notebook = Path(notebook)
+    if not notebook.is_file():
+        raise GradingError(f"{notebook}: no such notebook")
+    lab = lab or lab_of_notebook(notebook)
+    learner = learner or getpass.getuser() or "learner"
+    spec = _spec(lab)
+    out = Path(out_dir) if out_dir else paths.home() / "checks" / spec.lab
+    ready = setup(lab, cluster=cluster, jail=jail, masks=(out,))
+    try:
+        sub = Submission(learner, notebook)
+        row = grade_submission(sub, spec.lab, ready.suite, ready.runner, out, ready.collector, ready.sandbox,
+                               namespace_for=namespace_for(spec, "check"))
+    except SandboxError as exc:
+        raise GradingError(str(exc)) from exc
+    finally:
+        ready.close()
+    text = feedback_markdown(spec.lab, row, ready.suite.max_points)
+    (out / "feedback").mkdir(parents=True, exist_ok=True)
+    (out / "feedback" / f"{learner}.md").write_text(text, encoding="utf-8")
+    return CheckReport(row, text, spec, out)

@@ -1,0 +1,163 @@
+"""Checks for ``labs/03-taints-tolerations.ipynb`` (the chapter's exercise 2).
+
+The notebook labels and taints the GPU node, applies the given ``web-plain``
+Pod (selects the AI node, tolerates nothing), writes ``web-tolerant`` (same
+selector, plus a toleration) and records:
+
+- ``plain_reason``: the scheduler's FailedScheduling message for web-plain;
+- ``tolerant_node``: where web-tolerant landed;
+- ``toleration_attracts``: whether a toleration alone would pull a Pod onto
+  the GPU node (a yes/no question);
+- ``explanation``: in the learner's words, why web-plain is kept off the node.
+
+Node labels and taints are cluster-wide state: the grader restores them after
+every submission (``CLUSTER_WIDE``).
+"""
+
+from __future__ import annotations
+
+import re
+
+from gpulab.grading.checks import Context, check, dig, failed, partial, passed, pod_spec, quantity_int, ratio
+
+LAB = "03-taints-tolerations"
+CLUSTER_WIDE = True
+NODE_LABELS = ("node-role.kubernetes.io/ai",)
+NODE_TAINTS = ("nvidia.com/gpu",)
+CLUSTER_RULES = ({"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch", "patch", "update"]},)
+CELL_TIMEOUT = 90
+TIMEOUT = 240
+
+GPU = "nvidia.com/gpu"
+AI_LABEL = "node-role.kubernetes.io/ai"
+TAINT = {"key": GPU, "value": "true", "effect": "NoSchedule"}
+
+
+def gpu_nodes(ctx: Context) -> list[dict]:
+    return [n for n in ctx.objects("Node") if quantity_int(dig(n, "status", "capacity", GPU))]
+
+
+def tolerates_gpu_taint(spec: dict) -> bool:
+    for t in spec.get("tolerations") or []:
+        if t.get("effect") not in (None, "", "NoSchedule"):
+            continue
+        key, op = t.get("key"), t.get("operator") or "Equal"
+        if op == "Exists" and key in (None, "", GPU):
+            return True
+        if op == "Equal" and key == GPU and t.get("value") == TAINT["value"]:
+            return True
+    return False
+
+
+def scheduling_messages(ctx: Context, pod: str) -> list[str]:
+    return [e.get("message") or "" for e in ctx.objects("Event", ctx.namespace)
+            if dig(e, "involvedObject", "name") == pod and e.get("reason") == "FailedScheduling"]
+
+
+@check("node-label-taint", points=3, title="GPU 节点打上了角色标签和 GPU 污点")
+def node_label_taint(ctx: Context):
+    nodes = gpu_nodes(ctx)
+    if not nodes:
+        return failed("评分时集群里找不到 GPU 节点，无法核对；请联系讲师。")
+    node = nodes[0]
+    problems, score = [], 0
+    if (node["metadata"].get("labels") or {}).get(AI_LABEL) == "true":
+        score += 1
+    else:
+        problems.append("GPU 节点没有章节里那个 AI 角色标签（值也要对）")
+    taints = dig(node, "spec", "taints", default=[]) or []
+    same_key = [t for t in taints if t.get("key") == GPU]
+    if any(t.get("value") == TAINT["value"] and t.get("effect") == TAINT["effect"] for t in same_key):
+        score += 2
+    elif same_key:
+        score += 1
+        problems.append("GPU 节点有 nvidia.com/gpu 污点，但值或效果和要求的不一样（对照 key=value:effect 的写法）")
+    else:
+        problems.append("GPU 节点上没有 nvidia.com/gpu 污点")
+    return ratio(score, 3, problems)
+
+
+@check("plain-pod-repelled", points=2, title="不带容忍的 web-plain 被污点挡在 GPU 节点之外")
+def plain_pod_repelled(ctx: Context):
+    pod = ctx.require("Pod", "web-plain", ctx.namespace)
+    if tolerates_gpu_taint(pod_spec(pod)):
+        return failed("web-plain 应该保持原样、不带任何容忍：它是用来观察污点效果的对照组。")
+    node = dig(pod, "spec", "nodeName")
+    if node:
+        return failed(f"web-plain 被调度到了 {node}：GPU 节点上的污点生效了吗？")
+    messages = scheduling_messages(ctx, "web-plain")
+    if not messages:
+        return failed("web-plain 没有被调度，但也没有调度失败的事件：等调度器处理过它再继续。")
+    if not any("untolerated taint" in m for m in messages):
+        return failed("web-plain 停在 Pending，但调度器给出的原因里没有提到污点：是不是 GPU 节点的标签还没打，"
+                      "它根本没有资格上那台节点？")
+    return passed()
+
+
+@check("plain-reason-recorded", points=2, title="记录了调度器对 web-plain 的原话")
+def plain_reason_recorded(ctx: Context):
+    recorded = ctx.value("plain_reason")
+    if not isinstance(recorded, str) or not recorded.strip():
+        return failed("plain_reason 应该是 web-plain 的 FailedScheduling 事件里的消息文本。")
+    messages = scheduling_messages(ctx, "web-plain")
+    if not messages:
+        return failed("集群里没有 web-plain 的 FailedScheduling 事件可以对照。")
+    text = " ".join(recorded.split())
+    if any(" ".join(m.split())[:60] in text or text in m for m in messages) and "untolerated taint" in text:
+        return passed()
+    if "untolerated taint" in text:
+        return partial(0.5, "记录的文字提到了污点，但和 web-plain 的调度事件对不上：直接从事件里取消息。")
+    return failed("记录的文字不是 web-plain 因为污点而调度失败的那条事件消息（用 kubectl get events 看 web-plain 的事件）。")
+
+
+@check("tolerant-pod", points=3, title="带容忍的 web-tolerant 落在了 GPU 节点上")
+def tolerant_pod(ctx: Context):
+    pod = ctx.require("Pod", "web-tolerant", ctx.namespace)
+    spec = pod_spec(pod)
+    gpu = {n["metadata"]["name"] for n in gpu_nodes(ctx)}
+    problems, score = [], 0
+    if tolerates_gpu_taint(spec):
+        score += 1
+    else:
+        problems.append("web-tolerant 的容忍和 GPU 节点上的污点对不上（key、value/operator、effect 三处都要对）")
+    node = dig(pod, "spec", "nodeName")
+    if node in gpu:
+        score += 1
+    elif node:
+        problems.append(f"web-tolerant 落在了 {node}：容忍只是「允许」上 GPU 节点，要「挑」它还得靠标签选择")
+    else:
+        problems.append("web-tolerant 没有被调度：看看它的事件")
+    recorded = ctx.value("tolerant_node", None)
+    if node and recorded == node:
+        score += 1
+    else:
+        problems.append("tolerant_node 和 web-tolerant 实际所在的节点不一致")
+    return ratio(score, 3, problems)
+
+
+@check("toleration-not-attraction", points=1, title="容忍不等于吸引")
+def toleration_not_attraction(ctx: Context):
+    answer = ctx.value("toleration_attracts")
+    if not isinstance(answer, bool):
+        return failed("toleration_attracts 应该是 True 或 False。")
+    if answer:
+        return failed("想一想：容忍改变的是 Pod 能去哪些节点，还是 Pod 想去哪些节点？"
+                      "一个只带容忍、不写节点选择的 Pod，调度器会怎么在三台节点里挑？")
+    return passed()
+
+
+_CONCEPTS = (
+    (re.compile(r"污点|taint", re.I), "解释里没有说清是节点上的什么把 Pod 挡在了外面"),
+    (re.compile(r"容忍|toleration|tolerat", re.I), "解释里没有说 Pod 缺了什么才没被放行"),
+    (re.compile(r"NoSchedule|调度器|scheduler|过滤|filter|调度阶段|不会被调度|不调度", re.I),
+     "解释里没有说这是在哪一步、由谁做出的决定（以及污点的效果是什么）"),
+)
+
+
+@check("explanation", points=3, title="解释为什么不带容忍的 Pod 不会跑到 GPU 节点上")
+def explanation(ctx: Context):
+    text = ctx.value("explanation")
+    if not isinstance(text, str) or len(text.strip()) < 15:
+        return failed("explanation 应该是你自己写的一两句话（至少十几个字）。")
+    hits = [pattern.search(text) is not None for pattern, _ in _CONCEPTS]
+    return ratio(sum(hits), len(_CONCEPTS), [msg for hit, (_, msg) in zip(hits, _CONCEPTS) if not hit])

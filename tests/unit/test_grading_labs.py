@@ -1,0 +1,188 @@
+"""The labs as files, and their checks on hand-made objects (no cluster, no notebook runs)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from gpulab.grading.checks import Context, load_hidden_checks, load_lab_checks
+from gpulab.grading.cluster import load_lab_spec
+from gpulab.grading.labs import lab_01, lab_03, lab_05, lab_07
+from gpulab.grading.labsource import check_drift
+
+REPO = Path(__file__).resolve().parents[2]
+HIDDEN = REPO / "tests" / "fixtures" / "hidden"
+LABS = sorted(p.stem for p in (REPO / "solutions").glob("*.ipynb"))
+
+
+def test_labs_are_generated_from_solutions():
+    assert check_drift(REPO / "solutions", REPO / "labs") == []
+
+
+def test_lab_numbering_leaves_room_for_the_gpu_stack_labs():
+    assert LABS == ["01-gpu-pod-spec", "03-taints-tolerations", "05-training-job", "07-quota-priority"]
+
+
+@pytest.mark.parametrize("lab", LABS)
+def test_each_lab_has_a_parameters_cell_checks_and_answer_regions(lab):
+    solution = nbformat.read(REPO / "solutions" / f"{lab}.ipynb", as_version=4)
+    generated = nbformat.read(REPO / "labs" / f"{lab}.ipynb", as_version=4)
+    params = [c for c in generated.cells if "parameters" in (c.metadata.get("tags") or [])]
+    assert len(params) == 1
+    assigned = set(re.findall(r"^(\w+) = ", params[0].source, re.M))
+    assert assigned == {"namespace", "results_path"}
+    assert sum("BEGIN SOLUTION" in c.source for c in solution.cells) >= 3
+    assert not any("BEGIN SOLUTION" in c.source for c in generated.cells)
+    # The cleanup cell runs by hand only: the grader collects what the notebook leaves behind.
+    assert "skip-execution" in (generated.cells[-1].metadata.get("tags") or [])
+    suite = load_lab_checks(lab)
+    spec = load_lab_spec(lab)
+    assert spec.lab == lab and suite.max_points > 0
+    recorded = set(re.findall(r'record\("(\w+)"', "\n".join(c.source for c in solution.cells)))
+    module_source = Path(lab_01.__file__).with_name(f"lab_{lab[:2]}.py")
+    used = set(re.findall(r'ctx\.value\("(\w+)"', module_source.read_text(encoding="utf-8")))
+    assert used <= recorded, f"checks read values the notebook never records: {used - recorded}"
+
+
+@pytest.mark.parametrize("lab", LABS)
+def test_hidden_examples_are_found_for_their_lab_only(lab):
+    hidden = load_hidden_checks(HIDDEN, lab)
+    assert len(hidden) == 1 and hidden[0].hidden
+    assert not set(c.id for c in hidden) & set(c.id for c in load_lab_checks(lab).checks)
+
+
+# --------------------------------------------------------------------------- lab 01
+
+
+def _gpu_pod(name, limits=None, requests=None, image="nvcr.io/nvidia/cuda:12.6.2-base-ubuntu24.04", node=None):
+    want = lab_01.original(name)["spec"]["containers"][0]
+    container = {"name": "cuda", "image": image, "command": want["command"], "resources": {}}
+    if limits is not None:
+        container["resources"]["limits"] = {"nvidia.com/gpu": limits}
+    if requests is not None:
+        container["resources"]["requests"] = {"nvidia.com/gpu": requests}
+    return {"kind": "Pod", "metadata": {"name": name, "namespace": "ns"},
+            "spec": {"containers": [container], **({"nodeName": node} if node else {})}}
+
+
+def test_lab01_fix_keeps_the_workload_and_asks_for_what_it_needs():
+    def result(pod):
+        return lab_01.fix_gpu_half(Context.from_objects([pod], namespace="ns"))
+
+    assert result(_gpu_pod("gpu-half", "1")).passed
+    changed = result(_gpu_pod("gpu-half", "1", image="nvidia/cuda:latest"))
+    assert changed.fraction == 0.75 and "image" in changed.message
+    assert result(_gpu_pod("gpu-half", "2")).fraction == 0.5
+    assert "不是正整数" in result(_gpu_pod("gpu-half", "0")).message
+    assert "没有申请任何 GPU" in result(_gpu_pod("gpu-half")).message
+    assert "apply 成功了吗" in lab_01.fix_gpu_half(Context.from_objects([], namespace="ns")).message
+
+
+def test_lab01_rule_messages_never_name_the_right_letter():
+    ctx = Context({"violated": {"gpu-half": "B", "gpu-unequal": "C", "gpu-request-only": "X"}})
+    result = lab_01.rules_identified(ctx)
+    assert result.fraction == pytest.approx(1 / 3)
+    assert "gpu-half 的判断不对" in result.message and "不是 A/B/C 之一" in result.message
+    assert not re.search(r"应(该|为)\s*[ABC]", result.message)
+
+
+# --------------------------------------------------------------------------- lab 03
+
+
+@pytest.mark.parametrize("toleration, ok", [
+    ({"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}, True),
+    ({"key": "nvidia.com/gpu", "operator": "Equal", "value": "true", "effect": "NoSchedule"}, True),
+    ({"key": "nvidia.com/gpu", "value": "true"}, True),  # operator defaults to Equal, any effect
+    ({"operator": "Exists"}, True),  # tolerates everything (a hidden check frowns on it)
+    ({"key": "nvidia.com/gpu", "operator": "Equal", "value": "yes", "effect": "NoSchedule"}, False),
+    ({"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoExecute"}, False),
+    ({"key": "gpu", "operator": "Exists"}, False),
+])
+def test_lab03_toleration_matching_follows_the_scheduler(toleration, ok):
+    assert lab_03.tolerates_gpu_taint({"tolerations": [toleration]}) is ok
+
+
+def test_lab03_explanation_credits_concepts_not_wording():
+    def score(text):
+        return lab_03.explanation(Context({"explanation": text})).fraction
+
+    assert score("The GPU node has a taint and web-plain lacks a toleration, so the scheduler filters it out.") == 1
+    assert score("节点上有污点，Pod 没有对应的容忍，所以上不去。") == pytest.approx(2 / 3)
+    assert score("太短") == 0
+
+
+# --------------------------------------------------------------------------- lab 05
+
+
+def _job(ckpt_volume, env=None, mount="/ckpt"):
+    return {"kind": "Job", "metadata": {"name": "train", "namespace": "ns"}, "spec": {"template": {"spec": {
+        "volumes": [{"name": "ckpt", **ckpt_volume}],
+        "containers": [{"name": "train", "env": env or [], "volumeMounts": [{"name": "ckpt", "mountPath": mount}]}]}}}}
+
+
+def test_lab05_checkpoint_volume_is_found_by_the_scripts_directory():
+    pvc = {"kind": "PersistentVolumeClaim", "metadata": {"name": "c", "namespace": "ns"},
+           "status": {"phase": "Bound"}}
+    on_pvc = _job({"persistentVolumeClaim": {"claimName": "c"}})
+    assert lab_05.checkpoint_on_pvc(Context.from_objects([on_pvc, pvc], namespace="ns")).passed
+    host = lab_05.checkpoint_on_pvc(Context.from_objects([_job({"hostPath": {"path": "/x"}})], namespace="ns"))
+    assert host.fraction == 0 and "hostPath" in host.message
+    moved = _job({"persistentVolumeClaim": {"claimName": "c"}}, env=[{"name": "CKPT_DIR", "value": "/state/ckpt"}])
+    assert "没有挂任何卷" in lab_05.checkpoint_on_pvc(Context.from_objects([moved, pvc], namespace="ns")).message
+    parent = _job({"persistentVolumeClaim": {"claimName": "c"}}, env=[{"name": "CKPT_DIR", "value": "/state/ckpt"}],
+                  mount="/state")
+    assert lab_05.checkpoint_on_pvc(Context.from_objects([parent, pvc], namespace="ns")).passed
+    unbound = dict(pvc, status={"phase": "Pending"})
+    assert lab_05.checkpoint_on_pvc(Context.from_objects([on_pvc, unbound], namespace="ns")).fraction == \
+        pytest.approx(2 / 3)
+
+
+# --------------------------------------------------------------------------- lab 07
+
+
+def _quota(ns, hard, used=True):
+    q = {"kind": "ResourceQuota", "metadata": {"name": "gpu-quota", "namespace": ns}, "spec": {"hard": hard},
+         "status": {"hard": hard}}
+    if used:
+        q["status"]["used"] = {k: "0" for k in hard}
+    return q
+
+
+def test_lab07_quota_must_be_metered_and_whole_cards():
+    def check(quota):
+        return lab_07.quota_team_a(Context.from_objects([quota], namespace="g"))
+
+    assert check(_quota("g-team-a", {"requests.nvidia.com/gpu": "1"})).passed
+    unmetered = check(_quota("g-team-a", {"nvidia.com/gpu": "1"}, used=False))
+    assert unmetered.fraction == 0 and "写了 nvidia.com/gpu" in unmetered.message
+    assert "不是整数张卡" in check(_quota("g-team-a", {"requests.nvidia.com/gpu": "500m"})).message
+    assert check(_quota("g-team-a", {"requests.nvidia.com/gpu": "2"})).fraction == 0.5
+    assert "里没有 ResourceQuota" in lab_07.quota_team_a(Context.from_objects([], namespace="g")).message
+
+
+def test_cli_reports_lab_drift(tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from gpulab import cli, paths
+
+    ok = CliRunner().invoke(cli.main, ["labs", "check"])
+    assert ok.exit_code == 0 and "labs/ matches solutions/ (4 labs)" in ok.output
+    # A checkout whose lab was edited by hand: `labs check` names it and fails.
+    root = tmp_path / "repo"
+    (root / "labs").mkdir(parents=True)
+    (root / "solutions").mkdir()
+    for lab in LABS:
+        (root / "solutions" / f"{lab}.ipynb").write_bytes((REPO / "solutions" / f"{lab}.ipynb").read_bytes())
+        (root / "labs" / f"{lab}.ipynb").write_bytes((REPO / "labs" / f"{lab}.ipynb").read_bytes())
+    edited = nbformat.read(root / "labs" / f"{LABS[0]}.ipynb", as_version=4)
+    edited.cells[0].source += "\n手改的一行"
+    nbformat.write(edited, root / "labs" / f"{LABS[0]}.ipynb")
+    monkeypatch.setattr(paths, "repo_root", lambda: root)
+    drift = CliRunner().invoke(cli.main, ["labs", "check"])
+    assert drift.exit_code == 1 and f"drift: {LABS[0]}.ipynb: differs (cell 0 differs)" in drift.output
+    fixed = CliRunner().invoke(cli.main, ["labs", "generate"])
+    assert fixed.exit_code == 0 and f"wrote labs/{LABS[0]}.ipynb" in fixed.output
+    assert CliRunner().invoke(cli.main, ["labs", "check"]).exit_code == 0
