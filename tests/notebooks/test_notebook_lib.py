@@ -1,0 +1,209 @@
+"""gpulab.notebook's pure parts: tables, pod states, GPU counting, sh, expect, node reset."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+
+from gpulab import notebook as nb
+from gpulab.cluster.topology import NodeSpec, Taint, Topology
+
+
+def pod(phase="Pending", node=None, containers=None, init=None, statuses=None, init_statuses=None,
+        conditions=None, deleting=False, reason=None):
+    p = {"metadata": {"name": "p", "namespace": "ns"},
+         "spec": {"containers": containers or [{"name": "c"}], **({"nodeName": node} if node else {})},
+         "status": {"phase": phase}}
+    if init:
+        p["spec"]["initContainers"] = init
+    if statuses:
+        p["status"]["containerStatuses"] = statuses
+    if init_statuses:
+        p["status"]["initContainerStatuses"] = init_statuses
+    if conditions:
+        p["status"]["conditions"] = conditions
+    if deleting:
+        p["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    if reason:
+        p["status"]["reason"] = reason
+    return p
+
+
+def gpus(n):
+    return {"name": "c", "resources": {"limits": {"nvidia.com/gpu": n}}}
+
+
+# -- tables -------------------------------------------------------------------------
+
+
+def test_table_aligns_columns_counting_cjk_as_double_width():
+    t = nb.Table([{"方案": "整卡独占", "N": 2}, {"方案": "MIG", "N": 4}])
+    lines = str(t).splitlines()
+    assert lines[0] == "方案       N"
+    assert lines[1] == "整卡独占   2"
+    assert lines[2] == "MIG        4"
+
+
+def test_table_shows_missing_values_as_dash_and_empty_tables_say_so():
+    assert str(nb.Table([{"A": None, "B": []}])).splitlines()[1] == "-   -"
+    assert str(nb.Table([], ["POD", "NODE"])).splitlines() == ["POD   NODE", "(无)"]
+
+
+def test_table_html_escapes_cells():
+    html = nb.Table([{"MESSAGE": "<b>&"}])._repr_html_()
+    assert "&lt;b&gt;&amp;" in html and "<b>&" not in html
+
+
+def test_table_is_a_list_of_its_rows():
+    t = nb.Table([{"POD": "a"}, {"POD": "b"}])
+    assert len(t) == 2 and t.column("POD") == ["a", "b"]
+
+
+# -- pods -------------------------------------------------------------------------------
+
+
+def test_pod_gpus_counts_like_the_scheduler():
+    p = pod(containers=[gpus(1), gpus(2)], init=[gpus(2)])
+    assert nb.pod_gpus(p) == 3
+    p = pod(containers=[gpus(1)], init=[gpus(4)])
+    assert nb.pod_gpus(p) == 4
+    assert nb.pod_gpus(pod()) == 0
+
+
+@pytest.mark.parametrize("p, want", [
+    (pod(), "Pending"),
+    (pod("Pending", "n1", statuses=[{"state": {"waiting": {"reason": "ContainerCreating"}}}]), "ContainerCreating"),
+    (pod("Running", "n1", statuses=[{"state": {"running": {}}}]), "Running"),
+    (pod("Running", "n1", statuses=[{"state": {"waiting": {"reason": "CrashLoopBackOff"}}}]), "CrashLoopBackOff"),
+    (pod("Succeeded", "n1", statuses=[{"state": {"terminated": {"reason": "Completed", "exitCode": 0}}}]),
+     "Completed"),
+    (pod("Failed", "n1", statuses=[{"state": {"terminated": {"reason": "Error", "exitCode": 1}}}]), "Error"),
+    (pod("Failed", "n1", reason="DeadlineExceeded"), "DeadlineExceeded"),
+    (pod("Pending", "n1", init=[{"name": "fetch"}], init_statuses=[{"name": "fetch", "state": {"running": {}}}]),
+     "Init:fetch"),
+    (pod("Running", "n1", deleting=True), "Terminating"),
+])
+def test_pod_status_reads_like_kubectl(p, want):
+    assert nb.pod_status(p) == want
+
+
+@pytest.mark.parametrize("p, want", [
+    (pod(), "Pending"),
+    (pod("Pending", "n1"), "Creating"),
+    (pod("Pending", "n1", init=[{"name": "i"}], init_statuses=[{"name": "i", "state": {"running": {}}}]), "Init"),
+    (pod("Running", "n1", conditions=[{"type": "Ready", "status": "False"}]), "Running"),
+    (pod("Running", "n1", conditions=[{"type": "Ready", "status": "True"}]), "Ready"),
+    (pod("Running", "n1", statuses=[{"state": {"waiting": {"reason": "CrashLoopBackOff"}}}]), "BackOff"),
+    (pod("Failed", "n1"), "Failed"),
+    (pod("Running", "n1", deleting=True), "Terminating"),
+])
+def test_timeline_state(p, want):
+    assert nb.timeline_state(p) == want
+
+
+def test_unschedulable_needs_the_schedulers_verdict():
+    waiting = pod(conditions=[{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                               "message": "0/3 nodes are available"}])
+    assert nb._POD_TESTS["Unschedulable"](waiting)
+    assert not nb._POD_TESTS["Unschedulable"](pod())
+
+
+# -- sh and expect ------------------------------------------------------------------------
+
+
+def test_sh_echoes_the_command_and_returns_its_output(capsys):
+    out = nb.sh("echo hello; echo err >&2")
+    assert isinstance(out, nb.Output) and out == "hello\nerr\n"
+    assert capsys.readouterr().out == "$ echo hello; echo err >&2\nhello\nerr\n"
+
+
+def test_sh_raises_on_failure_unless_told_not_to(capsys):
+    with pytest.raises(nb.CommandFailed) as err:
+        nb.sh("echo no; exit 3")
+    assert err.value.returncode == 3 and err.value.output == "no\n"
+    assert nb.sh("exit 1", check=False, quiet=True) == ""
+
+
+def test_sh_tail_prints_only_the_last_lines(capsys):
+    out = nb.sh("seq 1 5", tail=2)
+    assert out == "1\n2\n3\n4\n5\n"
+    assert capsys.readouterr().out == "$ seq 1 5\n4\n5\n"
+
+
+def test_sh_times_out():
+    with pytest.raises(TimeoutError):
+        nb.sh("sleep 5", timeout=0.5, quiet=True)
+
+
+def test_sh_runs_in_the_repository_root():
+    assert nb.sh("pwd", quiet=True).strip() == str(nb.REPO)
+
+
+def test_expect(capsys):
+    nb.expect(True, "it holds")
+    assert capsys.readouterr().out == "✅ it holds\n"
+    with pytest.raises(AssertionError, match="❌ it does not：why"):
+        nb.expect(False, "it does not", "why")
+
+
+def test_wait_for_returns_the_value_or_times_out():
+    values = iter([0, None, 7])
+    assert nb.wait_for(lambda: next(values), 5, interval=0.01) == 7
+    with pytest.raises(TimeoutError, match="never"):
+        nb.wait_for(lambda: False, 0.05, interval=0.01, what="never")
+
+
+# -- reset of node labels and taints ---------------------------------------------------------
+
+
+class FakeKube:
+    def __init__(self, nodes):
+        self.nodes = nodes
+        self.patches = []
+
+    def get(self, kind, name, namespace=None):
+        return self.nodes.get(name) if kind == "Node" else None
+
+    def patch(self, kind, name, patch, namespace=None, **_):
+        self.patches.append((name, patch))
+
+
+def lab_for(nodes, topo_nodes, labels=(), taints=()):
+    lab = object.__new__(nb.Lab)
+    lab.kube = FakeKube(nodes)
+    lab.node_labels, lab.node_taints = tuple(labels), tuple(taints)
+    topo = Topology("t", None, tuple(topo_nodes))
+    lab.cluster = types.SimpleNamespace(topology=lambda: topo)
+    return lab
+
+
+def spec(name, labels=None, taints=()):
+    return NodeSpec(name, "pool", "1", "1Gi", 110, None, 0, labels or {}, tuple(taints))
+
+
+def test_restore_removes_lesson_label_and_taint_and_keeps_others():
+    node = {"metadata": {"labels": {"node-role.kubernetes.io/ai": "true", "other": "x"}},
+            "spec": {"taints": [{"key": "nvidia.com/gpu", "value": "true", "effect": "NoSchedule"},
+                                {"key": "keep", "effect": "NoExecute"}]}}
+    lab = lab_for({"n1": node}, [spec("n1")], ["node-role.kubernetes.io/ai"], ["nvidia.com/gpu"])
+    done = lab._restore_nodes()
+    assert lab.kube.patches == [("n1", {"metadata": {"labels": {"node-role.kubernetes.io/ai": None}},
+                                        "spec": {"taints": [{"key": "keep", "effect": "NoExecute"}]}})]
+    assert len(done) == 2
+
+
+def test_restore_puts_back_what_the_topology_declares():
+    node = {"metadata": {"labels": {}}, "spec": {}}
+    topo_taint = Taint("nvidia.com/gpu", "true", "NoSchedule")
+    lab = lab_for({"n1": node}, [spec("n1", {"node-role.kubernetes.io/ai": "true"}, [topo_taint])],
+                  ["node-role.kubernetes.io/ai"], ["nvidia.com/gpu"])
+    lab._restore_nodes()
+    assert lab.kube.patches == [("n1", {"metadata": {"labels": {"node-role.kubernetes.io/ai": "true"}},
+                                        "spec": {"taints": [topo_taint.to_api()]}})]
+
+
+def test_restore_leaves_a_clean_node_alone():
+    node = {"metadata": {"labels": {"x": "y"}}, "spec": {"taints": [{"key": "keep", "effect": "NoSchedule"}]}}
+    lab = lab_for({"n1": node}, [spec("n1")], ["node-role.kubernetes.io/ai"], ["nvidia.com/gpu"])
+    assert lab._restore_nodes() == [] and lab.kube.patches == []
