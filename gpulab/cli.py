@@ -190,5 +190,203 @@ def quiz_cmd(section: str | None, check_banks: bool) -> None:
         _fail(str(e).strip('"'), 2)
 
 
+# -- simulated GPUs ---------------------------------------------------------------
+
+@main.command(name="nvidia-smi", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.argument("node")
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def nvidia_smi(node: str, args: tuple[str, ...]) -> None:
+    """nvidia-smi on a GPU node's host, all its GPUs and processes (e.g. `gpulab nvidia-smi gpu-node-1 -L`)."""
+    from .fakegpu import node as gpunode
+    from .fakegpu import nvidiasmi
+
+    state = gpunode.host_state_path(_cluster().root, node)
+    if not state.is_file():
+        _fail(f"no GPU state for node {node!r}: it has no GPUs, or the cluster never ran (`gpulab up`)")
+    sys.exit(nvidiasmi.run(list(args), env={nvidiasmi.STATE_ENV: str(state), nvidiasmi.VISIBLE_ENV: "all"}))
+
+
+@main.group()
+def fault() -> None:
+    """Break a GPU node's hardware or driver on purpose; faults last until `gpulab fault clear`."""
+
+
+def _gpu_nodes() -> tuple[Path, dict[str, int]]:
+    cluster = _cluster()
+    if not cluster.exists():
+        _fail("no cluster yet: `gpulab up` creates one")
+    return cluster.root, {n.name: n.gpu_count for n in cluster.topology().gpu_nodes}
+
+
+def _faults_applied(root: Path, nodes: list[str]) -> None:
+    """Return once the running node agent has applied the nodes' faults, so what follows sees them."""
+    from .fakegpu import faults
+
+    if "node-agent" not in _cluster().running():
+        click.echo("the cluster is down: the fault applies from the next `gpulab up`")
+        return
+    late = [n for n in nodes if not faults.wait_applied(root, n)]
+    if late:
+        click.echo(f"warning: the node agent has not applied this yet on {', '.join(late)}", err=True)
+
+
+@fault.command(name="set")
+@click.argument("kind", metavar="KIND")
+@click.argument("node")
+@click.option("--gpu", type=int, help="GPU index, for gpu-unhealthy (default 0).")
+def fault_set(kind: str, node: str, gpu: int | None) -> None:
+    """Set fault KIND on NODE (`gpulab fault list` shows the kinds)."""
+    from .fakegpu import faults
+
+    root, gpu_nodes = _gpu_nodes()
+    try:
+        f = faults.inject(root, gpu_nodes, node, kind, gpu)
+    except faults.FaultError as e:
+        _fail(str(e), 2)
+    _faults_applied(root, [node])
+    click.echo(f"{node}: {f.describe()}: {faults.KINDS[f.kind]}")
+    if f.kind in faults.DRIVER_KINDS:
+        click.echo("CUDA programs see it from their next start; to re-run the operator's validations: "
+                   "kubectl -n gpu-operator delete pod -l app=nvidia-operator-validator")
+
+
+@fault.command(name="clear")
+@click.argument("node", required=False)
+@click.option("--kind", help="Clear only this kind of fault.")
+def fault_clear(node: str | None, kind: str | None) -> None:
+    """Clear the faults of NODE (default: of every node)."""
+    from .fakegpu import faults
+
+    root, gpu_nodes = _gpu_nodes()
+    if node is not None and node not in gpu_nodes:
+        _fail(f"node {node!r} has no GPUs (GPU nodes: {', '.join(sorted(gpu_nodes)) or 'none'})", 2)
+    try:
+        cleared = faults.clear(root, [node] if node else sorted(gpu_nodes), kind)
+    except faults.FaultError as e:
+        _fail(str(e), 2)
+    if cleared:
+        _faults_applied(root, sorted({n for n, _ in cleared}))
+    for n, f in cleared:
+        click.echo(f"{n}: cleared {f.describe()}")
+    if not cleared:
+        click.echo("no faults to clear")
+
+
+@fault.command(name="list")
+def fault_list() -> None:
+    """The faults set on each node, and the kinds there are."""
+    import datetime
+
+    from .fakegpu import faults
+
+    root, gpu_nodes = _gpu_nodes()
+    current = faults.list_all(root, sorted(gpu_nodes))
+    if current:
+        click.echo(f"{'NODE':<16} {'FAULT':<22} {'GPU':<4} SINCE")
+        for n, f in current:
+            since = datetime.datetime.fromtimestamp(f.since).strftime("%Y-%m-%d %H:%M:%S")
+            click.echo(f"{n:<16} {f.kind:<22} {'' if f.gpu is None else f.gpu:<4} {since}")
+    else:
+        click.echo("no faults set")
+    click.echo("\nkinds:")
+    for k, what in faults.KINDS.items():
+        click.echo(f"  {k:<22} {what}")
+
+
+# -- labs and grading ------------------------------------------------------------
+
+def _mark(outcome) -> str:
+    return "✅" if outcome.passed else ("🟡" if outcome.earned > 0 else "❌")
+
+
+@main.command(name="check")
+@click.argument("notebook", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--lab", help="Lab number (default: from the notebook's name, e.g. 03-... -> 03).")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path),
+              help="Where the executed notebook and feedback go (default: $GPULAB_HOME/checks/<lab>).")
+@click.option("--no-jail", is_flag=True, help="Run the notebook without the grading jail (same file access as you).")
+def check_cmd(notebook: Path, lab: str | None, out_dir: Path | None, no_jail: bool) -> None:
+    """Run a lab notebook as the grader does and show each check's points and feedback."""
+    from .grading.grader import GradingError, check_notebook
+
+    click.echo(f"running {notebook} in a fresh namespace as a namespace-scoped identity ...", err=True)
+    try:
+        report = check_notebook(notebook, lab=lab, out_dir=out_dir, jail=not no_jail)
+    except GradingError as e:
+        _fail(str(e))
+    row = report.row
+    if row.execution is not None:
+        click.echo(row.execution.learner_summary())
+    click.echo("")
+    for o in row.outcomes:
+        pts = f"{o.earned:g}/{o.points:g}"
+        click.echo(f"{_mark(o)} {pts:>7}  {o.label}")
+        if o.message and not o.passed:
+            click.echo(f"{'':>11}{o.message}")
+    total = "—" if row.total is None else f"{row.total:g}"
+    click.echo(f"\n{'':>2}{total}/{row.max_points:g}  {report.spec.lab}" + (f"  ({row.status})" if row.status != "ok" else ""))
+    click.echo(f"feedback: {report.out_dir / 'feedback'}", err=True)
+    if row.total is None:
+        sys.exit(1)
+
+
+@main.command()
+@click.argument("submissions", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--lab", required=True, help="Lab number, e.g. 03.")
+@click.option("--hidden", type=click.Path(exists=True, file_okay=False, path_type=Path),
+              help="Directory of hidden check modules (never shown to learners).")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path),
+              help="Output directory (default: ./grades/<lab>).")
+@click.option("--no-jail", is_flag=True, help="Run submissions without the grading jail (trusted submissions only).")
+@click.option("--reset-cluster", is_flag=True,
+              help="For cluster-wide labs, reset the whole cluster between submissions instead of restoring "
+                   "what the lab may touch (slower).")
+def grade(submissions: Path, lab: str, hidden: Path | None, out_dir: Path | None, no_jail: bool,
+          reset_cluster: bool) -> None:
+    """Grade every notebook in SUBMISSIONS into a CSV gradebook and zh-CN feedback per learner."""
+    from .grading.grader import GradingError, grade_submissions
+
+    out = out_dir or Path("grades") / lab
+    try:
+        result = grade_submissions(submissions, lab, out, hidden=hidden, jail=not no_jail,
+                                   restore="reset" if reset_cluster else "targeted")
+    except GradingError as e:
+        _fail(str(e))
+    click.echo(result.summary_text())
+
+
+@main.group()
+def labs() -> None:
+    """Lab notebooks: labs/ is generated from solutions/."""
+
+
+@labs.command(name="generate")
+def labs_generate() -> None:
+    """Write labs/NN-*.ipynb from solutions/NN-*.ipynb (answer regions replaced by placeholders)."""
+    from .grading.labsource import LabSourceError, generate_all
+
+    root = paths.repo_root()
+    try:
+        written = generate_all(root / "solutions", root / "labs")
+    except LabSourceError as e:
+        _fail(str(e), 2)
+    for path in written:
+        click.echo(f"wrote {path.relative_to(root)}")
+
+
+@labs.command(name="check")
+def labs_check() -> None:
+    """Fail (exit 1) when labs/ is not exactly what `gpulab labs generate` would write."""
+    from .grading.labsource import check_drift
+
+    root = paths.repo_root()
+    drift = check_drift(root / "solutions", root / "labs")
+    if drift:
+        for d in drift:
+            click.echo(f"drift: {d}", err=True)
+        _fail("labs/ is out of date with solutions/: run `gpulab labs generate` (make labs)")
+    click.echo(f"labs/ matches solutions/ ({len(list((root / 'solutions').glob('*.ipynb')))} labs)")
+
+
 if __name__ == "__main__":
     main()

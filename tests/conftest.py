@@ -24,6 +24,9 @@ REPO = Path(__file__).resolve().parent.parent
 @pytest.fixture(scope="session")
 def gpulab_home():
     home = Path(tempfile.mkdtemp(prefix="gl-", dir="/tmp"))
+    # `kubectl exec` runs as nobody (as pods do), which must reach its workdir
+    # and nvidia-smi under here; mkdtemp makes the directory private.
+    home.chmod(0o755)
     old = os.environ.get("GPULAB_HOME")
     os.environ["GPULAB_HOME"] = str(home)
     yield home
