@@ -147,6 +147,7 @@ class EmbeddedCluster:
                 if "kube-apiserver" in wave:
                     nodes.bootstrap(self, topo, bins.kwok_crds, say)
             nodes.wait_ready(self, topo, timeout=max(10.0, timeout - (time.monotonic() - started)))
+            say(f"{len(topo.nodes)} nodes Ready after {time.monotonic() - started:.1f} s")
             from ..fakegpu import operator as gpu_operator
 
             gpu_operator.install(self.kubeconfig, say, since=(self.root / "node-agent.ready").stat().st_mtime)

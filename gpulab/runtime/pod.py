@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("gpulab.runtime")
 
 BACKOFF_INITIAL = 10.0
+LOST = "the container's process was lost when gpulab's node agent restarted"
 BACKOFF_MAX = 300.0
 VAR_REF = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)|\$\$")
 
@@ -136,7 +137,7 @@ class PodWorker(threading.Thread):
                 started = _parse_time(running["startedAt"])
                 c.state, c.started_at = "terminated", started
                 c.termination = Termination(137, "Error", started, time.time(),
-                                            "the container's process was lost when gpulab's node agent restarted")
+                                            LOST)
         if self.init and all(
             ((cs.get("state") or {}).get("terminated") or {}).get("exitCode") == 0
             for _, cs in _pair(self.init, status.get("initContainerStatuses"))
@@ -338,6 +339,13 @@ class PodWorker(threading.Thread):
         self._event("Started", f"Started container {c.name}")
 
     def _schedule_restart(self, c: Container, now: float) -> None:
+        if c.termination and c.termination.message == LOST:
+            # Lost with the previous node agent, not crashed: a kubelet coming
+            # back after a reboot starts such containers at once.
+            c.mark_restart(now)
+            c.next_start = now
+            c.waiting_reason, c.waiting_message = "ContainerCreating", ""
+            return
         c.backoff = BACKOFF_INITIAL if c.backoff == 0 else min(c.backoff * 2, BACKOFF_MAX)
         # A container that ran long enough before failing starts over at the
         # smallest back-off, as the kubelet resets it after 10 minutes.
