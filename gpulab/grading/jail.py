@@ -44,7 +44,11 @@ import yaml
 
 import gpulab
 
+# The relay outside the jail pumps bytes as the one inside it does (one copy).
+from ._jail_init import _pump
+
 NOBODY = 65534
+
 INIT = Path(__file__).with_name("_jail_init.py")
 
 
@@ -228,21 +232,6 @@ def _apiserver(kubeconfig: Path) -> tuple[str, int]:
     if url.hostname not in ("127.0.0.1", "localhost") or not url.port:
         raise JailUnavailable(f"the jail relays only a local apiserver (https://127.0.0.1:PORT), not {server}")
     return "127.0.0.1", url.port
-
-
-def _pump(src: socket.socket, dst: socket.socket) -> None:
-    try:
-        while True:
-            data = src.recv(65536)
-            if not data:
-                break
-            dst.sendall(data)
-    except OSError:
-        pass
-    finally:
-        for s in (src, dst):
-            with contextlib.suppress(OSError):
-                s.shutdown(socket.SHUT_RDWR)
 
 
 def _accept_loop(server: socket.socket, upstream: tuple[str, int], stop: threading.Event) -> None:
