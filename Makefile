@@ -2,6 +2,7 @@
 #
 #   make lab        install what is missing, start the cluster, open JupyterLab
 #   make test       everything CI checks: unit, cluster and notebook tests
+#                   (BACKEND=kind: against a kind cluster; needs Docker, see README)
 #   make notebooks  re-run the notebooks and store their outputs (NB="03 05" picks some)
 #   make labs       regenerate labs/ from solutions/ (a test fails when they drift)
 #   make grade LAB=03 SUBMISSIONS=dir [HIDDEN=dir] [OUT=dir]   grade a class into a gradebook
@@ -16,6 +17,12 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 JUPYTER_PORT ?= 8888
+# embedded (local processes) or kind (Docker): which cluster `make up` / `make test` use.
+BACKEND ?= embedded
+CHECK_BACKEND = @case "$(BACKEND)" in embedded) ;; \
+	kind) docker info >/dev/null 2>&1 || { echo "gpulab: BACKEND=kind needs Docker with a running daemon" \
+	      "(\`docker info\` fails here): install or start Docker, or use the embedded backend (BACKEND=embedded)"; exit 1; } ;; \
+	*) echo "gpulab: BACKEND=$(BACKEND): unknown backend; allowed: embedded, kind"; exit 2 ;; esac
 
 .PHONY: help install build up down purge reset status lab test test-unit test-cluster test-notebooks \
         notebooks labs grade bench bench-grading clean
@@ -34,12 +41,24 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 install: $(STAMP)
+	@# The browser test (tests/browser) drives JupyterLab in Debian's chromium; playwright cannot download one here.
+	@command -v chromium >/dev/null || command -v chromium-browser >/dev/null || { \
+	  if command -v apt-get >/dev/null && { [ "$$(id -u)" = 0 ] || sudo -n true 2>/dev/null; }; then \
+	    sudo=$$([ "$$(id -u)" = 0 ] || echo "sudo -n"); \
+	    echo "gpulab: installing Debian's chromium and fonts-noto-cjk (for tests/browser)"; \
+	    { $$sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -qq chromium fonts-noto-cjk >/dev/null; } \
+	      || echo "gpulab: apt-get could not install chromium: tests/browser will be skipped"; \
+	  else \
+	    echo "gpulab: no chromium, and apt-get needs root here: tests/browser will be skipped" \
+	         "(install it with: sudo apt-get install -y chromium fonts-noto-cjk)"; \
+	  fi; }
 
 build: install
 	$(BIN)/gpulab build
 
 up: build
-	$(BIN)/gpulab up
+	$(CHECK_BACKEND)
+	$(BIN)/gpulab up $(if $(filter kind,$(BACKEND)),--backend kind)
 
 down:
 	-$(BIN)/gpulab down
@@ -59,13 +78,15 @@ lab: up
 	    $(if $(filter 0,$(shell id -u)),--allow-root)
 
 test: build
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(CHECK_BACKEND)
+	GPULAB_TEST_BACKEND=$(BACKEND) $(BIN)/python -m pytest $(PYTEST_ARGS)
 
 test-unit: install
 	$(BIN)/python -m pytest tests/unit $(PYTEST_ARGS)
 
 test-cluster: build
-	$(BIN)/python -m pytest tests/cluster $(PYTEST_ARGS)
+	$(CHECK_BACKEND)
+	GPULAB_TEST_BACKEND=$(BACKEND) $(BIN)/python -m pytest tests/cluster $(PYTEST_ARGS)
 
 test-notebooks: build
 	$(BIN)/python -m pytest tests/notebooks $(PYTEST_ARGS)

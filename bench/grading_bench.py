@@ -1,6 +1,6 @@
 """Grading benchmark: seconds per graded submission, per lab and for a batch of 20.
 
-    .venv/bin/python bench/grading_bench.py [--lab 01] [--batch 20] [--labs 01,03,05,07] [--no-jail]
+    .venv/bin/python bench/grading_bench.py [--lab 01] [--batch 20] [--labs 01,02,...,08] [--no-jail]
                                             [--reset-compare] [--home DIR]
 
 Starts a fresh cluster in a temp GPULAB_HOME (or uses the running one in
@@ -91,6 +91,7 @@ def grade(cluster, lab: str, subs: Path, out: Path, jail: bool) -> tuple[Clock, 
     try:
         result = grader.grade_batch(subs, ready.spec.lab, ready.suite, ready.runner, out, progress=clock,
                                     collector=ready.collector, sandbox=ready.sandbox,
+                                    parameters=dict(ready.spec.parameters),
                                     namespace_for=grader.namespace_for(ready.spec))
     finally:
         ready.close()
@@ -116,7 +117,8 @@ def bench_labs(cluster, labs: list[str], work: Path, jail: bool) -> None:
         clock, phases, result = grade(cluster, lab, subs, work / f"one-{lab}-out", jail)
         row = result[0]
         parts = ", ".join(f"{name} {v[0]:.1f}" for name, v in phases.times.items())
-        rows.append(f"| {spec.lab} | {clock.seconds[0]:.1f} s | {row.total:g}/{row.max_points:g} | {parts} |")
+        score = f"{row.total:g}/{row.max_points:g}" if row.total is not None else f"— ({row.status})"
+        rows.append(f"| {spec.lab} | {clock.seconds[0]:.1f} s | {score} | {parts} |")
     print("\n| lab (solution) | seconds per submission | score | phases (s) |\n|---|---|---|---|")
     print("\n".join(rows))
 
@@ -166,7 +168,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--lab", default="01", help="lab of the batch (default 01)")
     parser.add_argument("--batch", type=int, default=20)
-    parser.add_argument("--labs", default="01,03,05,07", help="labs graded once each ('' to skip)")
+    parser.add_argument("--labs", default="01,02,03,04,05,06,07,08", help="labs graded once each ('' to skip)")
     parser.add_argument("--no-jail", action="store_true")
     parser.add_argument("--reset-compare", action="store_true")
     parser.add_argument("--home", type=Path, help="use the running cluster of this GPULAB_HOME")

@@ -23,9 +23,22 @@ def _fail(msg: str, code: int = 1) -> None:
 
 
 def _cluster():
-    from .cluster.embedded import EmbeddedCluster
+    """The cluster of the backend chosen with `gpulab up --backend` (embedded until then)."""
+    from .cluster import backend
 
-    return EmbeddedCluster()
+    try:
+        return backend.current()
+    except backend.BackendError as e:
+        _fail(str(e), 2)
+
+
+def _embedded_only(what: str) -> None:
+    """Fail for commands that read the embedded backend's simulated hosts."""
+    from .cluster import backend
+
+    if backend.chosen() != "embedded":
+        _fail(f"{what} works on the embedded backend only (its GPUs' state lives on the simulated hosts); "
+              f"this GPULAB_HOME uses the {backend.chosen()} backend")
 
 
 def _kubectl_path() -> str:
@@ -51,25 +64,43 @@ def main() -> None:
 @click.option("--topology", "-t", type=click.Path(dir_okay=False, path_type=Path),
               help="Topology file (default: manifests/topologies/default.yaml).")
 @click.option("--timeout", default=180.0, show_default=True, help="Seconds to wait for nodes to be Ready.")
-def up(topology: Path | None, timeout: float) -> None:
+@click.option("--backend", "backend_name", type=click.Choice(["embedded", "kind"]),
+              help="embedded (default: local processes, no Docker) or kind (Docker); remembered in GPULAB_HOME.")
+def up(topology: Path | None, timeout: float, backend_name: str | None) -> None:
     """Start the cluster (or the parts of it that are down) and wait until nodes are Ready."""
+    from .cluster import backend
     from .cluster.binaries import BinaryError
     from .cluster.embedded import ClusterError
+    from .cluster.kind import KindError
     from .cluster.topology import TopologyError
 
+    if backend_name and backend_name != backend.chosen() and _cluster().exists():
+        _fail(f"this GPULAB_HOME already has a cluster of the {backend.chosen()} backend; `gpulab down --purge` deletes it "
+              f"before `gpulab up --backend {backend_name}`", 2)
     try:
-        click.echo(_cluster().up(topology, timeout=timeout))
+        cluster = backend.current(backend_name) if backend_name else _cluster()
+        click.echo(cluster.up(topology, timeout=timeout))
     except TopologyError as e:
         _fail(str(e), 2)
-    except (BinaryError, ClusterError) as e:
+    except (BinaryError, ClusterError, KindError) as e:
         _fail(str(e))
+    if backend_name:
+        backend.choose(backend_name)
 
 
 @main.command()
 @click.option("--purge", is_flag=True, help="Also delete the cluster's state (objects, volumes, certificates).")
 def down(purge: bool) -> None:
-    """Stop every process gpulab started. State is kept unless --purge."""
-    click.echo(_cluster().down(purge=purge))
+    """Stop every process gpulab started (kind: delete the kind cluster). State is kept unless --purge."""
+    from .cluster import backend
+    from .cluster.kind import KindError
+
+    try:
+        click.echo(_cluster().down(purge=purge))
+    except KindError as e:
+        _fail(str(e))
+    if purge:
+        backend.forget()
 
 
 @main.command()
@@ -79,13 +110,14 @@ def reset(topology: Path | None) -> None:
     """Return the cluster to its topology's initial state (all objects and volumes are wiped)."""
     from .cluster.binaries import BinaryError
     from .cluster.embedded import ClusterError
+    from .cluster.kind import KindError
     from .cluster.topology import TopologyError
 
     try:
         click.echo(_cluster().reset(topology))
     except TopologyError as e:
         _fail(str(e), 2)
-    except (BinaryError, ClusterError) as e:
+    except (BinaryError, ClusterError, KindError) as e:
         _fail(str(e))
 
 
@@ -96,6 +128,10 @@ def status(as_json: bool) -> None:
     from .cluster import status as st
 
     cluster = _cluster()
+    if getattr(cluster, "backend", "embedded") == "kind":
+        data = cluster.status()
+        click.echo(json.dumps(data, indent=2) if as_json else cluster.render_status(data))
+        sys.exit(0 if data["up"] else 1)
     if not cluster.exists():
         if as_json:
             click.echo(json.dumps({"backend": "embedded", "exists": False}))
@@ -200,6 +236,7 @@ def nvidia_smi(node: str, args: tuple[str, ...]) -> None:
     from .fakegpu import node as gpunode
     from .fakegpu import nvidiasmi
 
+    _embedded_only("`gpulab nvidia-smi NODE`")
     state = gpunode.host_state_path(_cluster().root, node)
     if not state.is_file():
         _fail(f"no GPU state for node {node!r}: it has no GPUs, or the cluster never ran (`gpulab up`)")
@@ -212,6 +249,7 @@ def fault() -> None:
 
 
 def _gpu_nodes() -> tuple[Path, dict[str, int]]:
+    _embedded_only("`gpulab fault`")
     cluster = _cluster()
     if not cluster.exists():
         _fail("no cluster yet: `gpulab up` creates one")
@@ -386,6 +424,120 @@ def labs_check() -> None:
             click.echo(f"drift: {d}", err=True)
         _fail("labs/ is out of date with solutions/: run `gpulab labs generate` (make labs)")
     click.echo(f"labs/ matches solutions/ ({len(list((root / 'solutions').glob('*.ipynb')))} labs)")
+
+
+# --------------------------------------------------------------------------- observability
+
+
+def _api_and_namespace(namespace: str | None):
+    """A client for the cluster, and the namespace to use: -n, else the kubeconfig context's, else default."""
+    import yaml
+
+    from .cluster import api
+
+    config = Path(os.environ.get("KUBECONFIG") or paths.kubeconfig())
+    if not config.exists():
+        _fail(f"no kubeconfig at {config}: `gpulab up` starts the cluster")
+    if namespace is None:
+        try:
+            doc = yaml.safe_load(config.read_text()) or {}
+            current = next((c for c in doc.get("contexts") or [] if c.get("name") == doc.get("current-context")), {})
+            namespace = (current.get("context") or {}).get("namespace")
+        except (OSError, yaml.YAMLError):
+            namespace = None
+    return api.Client(config), namespace or "default"
+
+
+@main.command(name="load")
+@click.argument("target", metavar="KIND/NAME")
+@click.argument("value", metavar="PERCENT")
+@click.option("--namespace", "-n", help="Namespace of the workload (default: the kubeconfig context's).")
+def load_cmd(target: str, value: str, namespace: str | None) -> None:
+    """Set the traffic on a workload: PERCENT of one GPU, shared by its ready replicas.
+
+    `gpulab load deploy/llm 80` keeps one replica's GPU 80 % busy, or two
+    replicas 40 % each; `gpulab load deploy/llm 0` stops the traffic. Pods
+    that fix their own utilisation (annotation gpulab.io/gpu-utilization)
+    keep it.
+    """
+    from .cluster import api
+    from .fakegpu import load
+
+    try:
+        # Bad input is reported before anything talks to the cluster.
+        load.parse_target(target)
+        load.parse_load(value)
+    except load.LoadError as e:
+        _fail(str(e), 2)
+    client, ns = _api_and_namespace(namespace)
+    try:
+        click.echo(load.set_load(client, target, value, ns))
+    except load.LoadError as e:
+        _fail(str(e), 2)
+    except (api.ApiError, OSError) as e:
+        _fail(f"cannot set the load: {e}")
+
+
+@main.command(name="metrics")
+@click.option("--targets", is_flag=True, help="Print a Prometheus scrape config for the DCGM exporters instead.")
+@click.option("--node", help="Only this node's exporter.")
+def metrics_cmd(targets: bool, node: str | None) -> None:
+    """Scrape every DCGM exporter and print their metrics (Prometheus text format)."""
+    from .cluster import api
+    from .fakegpu import monitoring
+
+    client, _ = _api_and_namespace(None)
+    try:
+        if targets:
+            click.echo(monitoring.prometheus_targets(client), nl=False)
+            return
+        pages = monitoring.scrape_all(client)
+    except (api.ApiError, OSError) as e:
+        _fail(f"cannot reach the cluster: {e}")
+    if node is not None:
+        if node not in pages:
+            _fail(f"no DCGM exporter answers on node {node!r} (exporters on: {', '.join(sorted(pages)) or 'none'})", 2)
+        pages = {node: pages[node]}
+    if not pages:
+        _fail("no DCGM exporter is running (kubectl -n gpu-operator get pods -l app=nvidia-dcgm-exporter)")
+    for name in sorted(pages):
+        click.echo(f"# node {name}")
+        click.echo(pages[name], nl=False)
+
+
+@main.command(name="report")
+@click.option("--since", default="1h", show_default=True, help="How far back: e.g. 90s, 15m, 2h, 1d.")
+@click.option("--namespace", "-n", help="Only this namespace.")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path),
+              help="Also write report.json, utilization.png and allocation.png here.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+def report_cmd(since: str, namespace: str | None, out_dir: Path | None, as_json: bool) -> None:
+    """GPU usage per namespace and node: GPU-hours allocated vs computing, idle GPUs, quota use."""
+    from . import usage
+    from .cluster import api
+    from .usage import plots
+
+    try:
+        seconds = usage.parse_since(since)
+    except ValueError as e:
+        _fail(str(e), 2)
+    cluster = _cluster()
+    if not cluster.exists():
+        _fail("no cluster yet: `gpulab up` creates one")
+    client, _ = _api_and_namespace(None)
+    try:
+        report = usage.collect(cluster.root, client, since=seconds, namespace=namespace)
+    except (api.ApiError, OSError) as e:
+        _fail(f"cannot reach the cluster: {e}")
+    if as_json:
+        click.echo(json.dumps(report.to_dict(), indent=2, ensure_ascii=False))
+    else:
+        click.echo(report.text(), nl=False)
+    if out_dir is not None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "report.json").write_text(json.dumps(report.to_dict(), indent=2, ensure_ascii=False) + "\n")
+        for path in plots.save(report, out_dir):
+            click.echo(f"wrote {path}", err=True)
 
 
 if __name__ == "__main__":

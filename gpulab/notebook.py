@@ -39,6 +39,7 @@ Helpers, all usable after ``from gpulab.notebook import *``:
 ``gpu_pods()``         pods that request GPUs (the chapter's ``jq`` listing)
 ``plot_allocation()``  nvidia.com/gpu per node: who holds which card count
 ``plot_card_memory()`` how model replicas fit in a card's memory, per sharing scheme
+``plot_gpu_memory()``  what the pods on each physical GPU asked of its memory, and who failed
 ``watch_pods()``       record pod states over time; ``.plot()`` draws a timeline
 ``expect(ok, what)``   a lesson's self-check: prints ✅, or fails the cell with ❌
 ``show_quiz(s)``       the section's quiz (from :mod:`gpulab.quiz`)
@@ -53,6 +54,7 @@ from __future__ import annotations
 import functools
 import html
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -77,9 +79,11 @@ __all__ = [
     "wait_for", "wait_pods", "wait_job", "pods", "pod_status", "pod_gpus", "pending_reason", "placements", "nodes",
     "gpu_pods", "gpu_allocation", "events", "endpoints", "follow_logs", "LogFollower",
     # showing
-    "Table", "plot_allocation", "plot_card_memory", "watch_pods", "Timeline",
+    "Table", "plot_allocation", "plot_card_memory", "plot_gpu_memory", "watch_pods", "Timeline",
     # checking
     "expect", "show_quiz", "Changes", "GPU", "REPO",
+    # monitoring and cost
+    "dcgm_metrics", "custom_metrics", "watch_hpa", "HpaTimeline", "usage_report", "UsageReport", "wait_usage_sample",
 ]
 
 REPO = paths.repo_root()
@@ -280,7 +284,7 @@ class Lab:
     """One lesson's connection to the cluster and the state it promises to undo."""
 
     def __init__(self, lesson: str, namespace: str, cluster: Any, node_labels: Sequence[str],
-                 node_taints: Sequence[str], extra_namespaces: Sequence[str] = ()):
+                 node_taints: Sequence[str], extra_namespaces: Sequence[str] = (), gpu_stack: bool = False):
         self.lesson = lesson
         self.namespace = namespace
         self.cluster = cluster
@@ -288,7 +292,9 @@ class Lab:
         self.node_labels = tuple(node_labels)
         self.node_taints = tuple(node_taints)
         self.extra_namespaces = tuple(extra_namespaces)
+        self.gpu_stack = gpu_stack
         self.kubeconfig = paths.home() / "notebooks" / f"{lesson}.kubeconfig"
+        self.started = time.time()  # usage reports default to "since this lesson began"
 
     def __repr__(self) -> str:
         return f"Lab({self.lesson!r}, namespace={self.namespace!r})"
@@ -313,6 +319,8 @@ class Lab:
             if self._delete_namespace(ns):
                 done.append(f"删除了命名空间 {ns}")
         done += self._restore_nodes()
+        if getattr(self, "gpu_stack", False):
+            done += self._restore_gpu_stack()
         if not quiet:
             for line in done or ["集群里没有需要还原的东西"]:
                 _say(f"↩ {line}")
@@ -360,6 +368,88 @@ class Lab:
                 self.kube.patch("Node", spec.name, patch)
         return done
 
+    # -- the GPU stack -------------------------------------------------------------
+
+    def _stack_objects(self) -> list[tuple[str, str, str]]:
+        """(kind, name, namespace) of what the lesson's manifests create in other namespaces (gpu-operator)."""
+        out = []
+        for path in sorted((paths.manifests() / self.lesson).glob("*.y*ml")):
+            for doc in yaml.safe_load_all(path.read_text()):
+                md = (doc or {}).get("metadata") or {}
+                ns = md.get("namespace")
+                if ns and ns != self.namespace and doc.get("kind") in api.KINDS and md.get("name"):
+                    out.append((doc["kind"], md["name"], ns))
+        return out
+
+    def _undo_gpu_stack(self) -> list[str]:
+        """Clear faults, delete the lesson's device-plugin configs, put ClusterPolicy and GPU node labels back."""
+        from .fakegpu import faults, operator
+        from .fakegpu.config import CONFIG_LABEL
+        from .fakegpu.gfd import MIG_CONFIG_LABEL, MIG_CONFIG_STATE_LABEL
+
+        done = []
+        gpu_nodes = [n.name for n in self.topology().gpu_nodes]
+        cleared = faults.clear(self.cluster.root, gpu_nodes)
+        for node in sorted({n for n, _ in cleared}):
+            faults.wait_applied(self.cluster.root, node)
+        done += [f"{n}：清除了故障 {f.describe()}" for n, f in cleared]
+        for kind, name, ns in self._stack_objects():
+            if self.kube.get(kind, name, ns) is not None:
+                self.kube.delete(kind, name, ns)
+                done.append(f"删除了 {ns}/{name}（{kind}）")
+        installed = yaml.safe_load((operator.manifests_dir() / "30-cluster-policy.yaml").read_text())["spec"]
+        policy = self.kube.get("ClusterPolicy", operator.POLICY_NAME)
+        if policy is not None and policy.get("spec") != installed:
+            policy["spec"] = installed
+            self.kube.request("PUT", self.kube.path("ClusterPolicy", operator.POLICY_NAME), policy)
+            done.append(f"ClusterPolicy {operator.POLICY_NAME} 恢复为安装时的配置")
+        mig_default = str(((installed.get("migManager") or {}).get("config") or {}).get("default") or "all-disabled")
+        for name in gpu_nodes:
+            labels = ((self.kube.get("Node", name) or {}).get("metadata") or {}).get("labels") or {}
+            patch: dict[str, str | None] = {}
+            if CONFIG_LABEL in labels:
+                patch[CONFIG_LABEL] = None
+                done.append(f"{name}：标签 {CONFIG_LABEL} 已去掉")
+            if labels.get(MIG_CONFIG_LABEL) not in (None, mig_default):
+                patch.update({MIG_CONFIG_LABEL: mig_default, MIG_CONFIG_STATE_LABEL: None})
+                done.append(f"{name}：标签 {MIG_CONFIG_LABEL} 恢复为 {mig_default}")
+            if patch:
+                self.kube.patch("Node", name, {"metadata": {"labels": patch}})
+        # Operand pods left crash-looping or stuck in validation (by a fault) start over at once,
+        # as `kubectl delete pod` would make them; the others are left alone.
+        for pod in self.kube.list("Pod", operator.NAMESPACE):
+            ready = any(c.get("type") == "Ready" and c.get("status") == "True"
+                        for c in (pod.get("status") or {}).get("conditions") or [])
+            owners = {o.get("kind") for o in pod["metadata"].get("ownerReferences") or []}
+            done_ok = pod.get("status", {}).get("phase") == "Succeeded"
+            if not ready and not done_ok and owners & {"DaemonSet", "ClusterPolicy"}:
+                self.kube.delete("Pod", pod["metadata"]["name"], operator.NAMESPACE, grace_seconds=0)
+        return done
+
+    def _restore_gpu_stack(self, timeout: float = 120) -> list[str]:
+        """:meth:`_undo_gpu_stack`, then wait until the GPU nodes report whole cards again and the stack is ready."""
+        from .fakegpu import operator
+        from .fakegpu.gfd import MIG_CONFIG_STATE_LABEL
+
+        done = self._undo_gpu_stack()
+        want = {n.name: str(n.gpu_count) for n in self.topology().gpu_nodes}
+
+        def settled() -> bool:
+            for name, count in want.items():
+                node = self.kube.get("Node", name) or {}
+                labels = node.get("metadata", {}).get("labels") or {}
+                alloc = node.get("status", {}).get("allocatable") or {}
+                if alloc.get(GPU) != count or labels.get(MIG_CONFIG_STATE_LABEL, "success") != "success":
+                    return False
+                if any(k.startswith("nvidia.com/mig-") and _qty(v) > 0 for k, v in alloc.items()):
+                    return False
+            return operator.stack_ready(self.kube) is None
+
+        if done:
+            wait_for(settled, timeout, interval=0.5,
+                     what="GPU 栈恢复为安装时的样子（整卡、ClusterPolicy ready）")
+        return done
+
     # -- start ------------------------------------------------------------------
 
     def _create_namespace(self) -> None:
@@ -403,6 +493,7 @@ class Lab:
 
 def setup(lesson: str, *, namespace: str | None = None, node_labels: Sequence[str] = (),
           node_taints: Sequence[str] = (), extra_namespaces: Sequence[str] = (), topology: str | None = "default",
+          gpu_stack: bool = False,
           start: bool = True, timeout: float = 180) -> Lab:
     """Get the kernel and the cluster ready for ``lesson`` (e.g. ``"03-scheduling"``); see the module docstring.
 
@@ -412,10 +503,13 @@ def setup(lesson: str, *, namespace: str | None = None, node_labels: Sequence[st
     topology). ``extra_namespaces`` are namespaces the lesson creates itself
     (one per team, say); reset deletes them too. ``topology`` is the topology
     the lesson's text was written for: another one only earns a warning.
-    ``start=False`` fails instead of starting a stopped cluster.
+    ``start=False`` fails instead of starting a stopped cluster. ``gpu_stack=True``: the lesson
+    changes the GPU stack (faults, the ClusterPolicy, device-plugin ConfigMaps in ``gpu-operator``
+    from its manifest folder, ``nvidia.com/device-plugin.config`` / ``nvidia.com/mig.config``);
+    reset puts it back as ``gpulab up`` installed it and waits until the cards are whole again.
     """
     global _lab
-    from .cluster.embedded import EmbeddedCluster
+    from .cluster import backend
 
     os.chdir(REPO)
     venv_bin = str(Path(sys.executable).parent)
@@ -423,7 +517,7 @@ def setup(lesson: str, *, namespace: str | None = None, node_labels: Sequence[st
     if not path or path[0] != venv_bin:
         os.environ["PATH"] = os.pathsep.join([venv_bin, *[p for p in path if p != venv_bin]])
 
-    cluster = EmbeddedCluster()
+    cluster = backend.current()  # the backend `gpulab up --backend` chose
     if not cluster.is_up():
         if not start:
             raise RuntimeError("集群没有在运行：在终端里执行 `gpulab up`（或 `make up`）后再运行本格。")
@@ -431,7 +525,7 @@ def setup(lesson: str, *, namespace: str | None = None, node_labels: Sequence[st
         _say("集群没有在运行，现在启动它" + ("（第一次启动若要编译控制面，需要几分钟）" if first else "") + "……")
         _say(cluster.up(say=lambda m: _say(f"  {m}")))
     lab = Lab(lesson, namespace or f"lesson-{lesson.split('-', 1)[0]}", cluster, node_labels, node_taints,
-              extra_namespaces)
+              extra_namespaces, gpu_stack)
     lab._wait_nodes(timeout)
     topo = lab.topology()
     if topology and topo.name != topology:
@@ -825,6 +919,8 @@ def show_quiz(section: str | int) -> None:
 
 _CJK_FONTS = ("Noto Sans CJK SC", "Noto Sans SC", "Source Han Sans SC", "WenQuanYi Micro Hei", "WenQuanYi Zen Hei",
               "PingFang SC", "Hiragino Sans GB", "Microsoft YaHei", "SimHei", "Sarasa Gothic SC")
+# Files that may hold one of those fonts (Debian's fonts-noto-cjk: NotoSansCJK-Regular.ttc).
+_CJK_FILE = re.compile(r"(?i)(notosans(mono)?cjk|notosanssc|sourcehansans|wqy|wenquanyi|pingfang|msyh|simhei|sarasa)")
 
 
 @functools.lru_cache(maxsize=1)
@@ -832,7 +928,19 @@ def _cjk_font() -> str | None:
     from matplotlib import font_manager
 
     names = {f.name for f in font_manager.fontManager.ttflist}
-    return next((f for f in _CJK_FONTS if f in names), None)
+    found = next((f for f in _CJK_FONTS if f in names), None)
+    if found is None:
+        # matplotlib caches its font list once: a CJK font installed after that (apt-get install
+        # fonts-noto-cjk, whose .ttc collections it also skips there) is added here.
+        for path in font_manager.findSystemFonts():
+            if _CJK_FILE.search(os.path.basename(path)):
+                try:
+                    font_manager.fontManager.addfont(path)
+                except (OSError, RuntimeError, ValueError):
+                    continue
+        names = {f.name for f in font_manager.fontManager.ttflist}
+        found = next((f for f in _CJK_FONTS if f in names), None)
+    return found
 
 
 def _text(zh: str, en: str) -> str:
@@ -953,6 +1061,39 @@ def plot_card_memory(card_mib: int, replica_mib: int, schemes: Sequence[tuple[st
                         f"MiB of one card. dark: a replica ({replica_mib} MiB), light: headroom, "
                         f"hatched: instance too small, grey: unused"))
     ax.set_title(title or _text("每张卡能放几个副本", "Replicas per card"))
+    return _show(fig, show)
+
+
+def plot_gpu_memory(rows: Sequence[dict[str, Any]], capacity_mib: int, title: str | None = None,
+                    show: bool = True) -> Any:
+    """One bar per physical GPU: the GPU memory each pod on it asked for, stacked in the order given.
+
+    ``rows``: ``{"GPU": label, "POD": name, "MIB": memory, "FAILED": bool}``.
+    A failed pod's block is red; a dashed line marks the card's memory
+    (``capacity_mib``), so a stack that crosses it is one the card could not
+    hold. Displays the figure (returns None); ``show=False`` returns it.
+    """
+    gpus = list(dict.fromkeys(r["GPU"] for r in rows))
+    fig = _figure(9, 1.2 + 0.7 * max(1, len(gpus)))
+    ax = fig.add_subplot()
+    ok, bad = "#0969da", "#cf222e"
+    top = capacity_mib
+    for y, gpu in enumerate(gpus):
+        x = 0
+        for r in (r for r in rows if r["GPU"] == gpu):
+            ax.barh(y, r["MIB"], left=x, color=bad if r.get("FAILED") else ok, edgecolor="white", height=0.6)
+            ax.text(x + r["MIB"] / 2, y, r["POD"], ha="center", va="center", color="white", fontsize=8)
+            x += r["MIB"]
+        top = max(top, x)
+    ax.axvline(capacity_mib, color="#57606a", linestyle="--", linewidth=1.5)
+    ax.text(capacity_mib, -0.45, _text(f" 整卡 {capacity_mib} MiB", f" card {capacity_mib} MiB"), color="#57606a",
+            fontsize=8, va="bottom")
+    ax.set_yticks(range(len(gpus)), gpus)
+    ax.invert_yaxis()
+    ax.set_xlim(0, top * 1.02)
+    ax.set_xlabel(_text("Pod 申请的显存（MiB）。蓝色：运行中；红色：失败",
+                        "GPU memory asked for (MiB). blue: running, red: failed"))
+    ax.set_title(title or _text("每张物理卡上的显存", "GPU memory per physical GPU"))
     return _show(fig, show)
 
 
@@ -1104,3 +1245,157 @@ class Timeline:
 def watch_pods(selector: dict[str, str] | None = None, namespace: str | None = None) -> Timeline:
     """Start recording the states of the lesson's pods (those whose labels include ``selector``)."""
     return Timeline(namespace or _current().namespace, selector)
+
+
+# --------------------------------------------------------------------------- monitoring and cost
+
+
+def dcgm_metrics(node: str | None = None, pod_only: bool = False) -> Table:
+    """One row per GPU (or MIG instance) from the DCGM exporters' pages, as Prometheus would scrape them."""
+    from .fakegpu import dcgm, monitoring
+
+    pages = monitoring.scrape_all(_current().kube)
+    rows: dict[tuple[str, str, str], dict[str, Any]] = {}
+    columns = {"DCGM_FI_DEV_GPU_UTIL": "GPU_UTIL %", "DCGM_FI_PROF_GR_ENGINE_ACTIVE": "GR_ENGINE_ACTIVE",
+               "DCGM_FI_DEV_FB_USED": "FB_USED MiB", "DCGM_FI_DEV_FB_FREE": "FB_FREE MiB",
+               "DCGM_FI_DEV_GPU_TEMP": "TEMP °C", "DCGM_FI_DEV_POWER_USAGE": "POWER W"}
+    for name in sorted(pages):
+        if node is not None and name != node:
+            continue
+        for metric, labels, value in dcgm.parse(pages[name]):
+            if metric not in columns:
+                continue
+            key = (name, labels.get("gpu", ""), labels.get("GPU_I_ID", ""))
+            row = rows.setdefault(key, {"NODE": name, "GPU": labels.get("gpu", "") + (
+                f" / MIG {labels['GPU_I_PROFILE']}" if labels.get("GPU_I_PROFILE") else ""), "POD": ""})
+            if labels.get("pod"):
+                row["POD"] = f"{labels.get('namespace')}/{labels['pod']}"
+            row[columns[metric]] = value if metric != "DCGM_FI_PROF_GR_ENGINE_ACTIVE" else round(value, 2)
+    out = [r for r in rows.values() if r["POD"] or not pod_only]
+    wanted = ["NODE", "GPU", "POD", *columns.values()]
+    present = [c for c in wanted if any(c in r for r in out)] or wanted[:3]
+    return Table(out, present)
+
+
+def custom_metrics(metric: str = "DCGM_FI_DEV_GPU_UTIL", namespace: str | None = None) -> Table:
+    """Per-pod values of ``metric`` as the HPA controller reads them: from custom.metrics.k8s.io via the apiserver."""
+    ns = namespace or _current().namespace
+    body = _current().kube.request("GET", f"/apis/custom.metrics.k8s.io/v1beta2/namespaces/{ns}/pods/*/{metric}")
+    return Table([{"POD": i["describedObject"]["name"], "METRIC": i["metric"]["name"], "VALUE": i["value"]}
+                  for i in body.get("items") or []], ["POD", "METRIC", "VALUE"])
+
+
+class HpaTimeline:
+    """Replicas and metric value of one HPA over time, recorded on a thread until :meth:`stop`."""
+
+    def __init__(self, name: str, namespace: str, interval: float = 1.0):
+        self.name = name
+        self.namespace = namespace
+        self.t0 = time.monotonic()
+        self.samples: list[tuple[float, int, int, float | None]] = []  # t, desired, ready, metric
+        self.marks: list[tuple[float, str]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(interval,), daemon=True)
+        self._thread.start()
+
+    def _run(self, interval: float) -> None:
+        kube = _current().kube
+        while not self._stop.is_set():
+            hpa = kube.get("HorizontalPodAutoscaler", self.name, self.namespace) or {}
+            dep_name = (hpa.get("spec") or {}).get("scaleTargetRef", {}).get("name", self.name)
+            dep = kube.get("Deployment", dep_name, self.namespace) or {}
+            metrics = (hpa.get("status") or {}).get("currentMetrics") or []
+            value = None
+            if metrics and metrics[0].get("pods"):
+                value = _qty(metrics[0]["pods"]["current"]["averageValue"])
+            self.samples.append((time.monotonic() - self.t0, int((dep.get("spec") or {}).get("replicas") or 0),
+                                 int((dep.get("status") or {}).get("readyReplicas") or 0), value))
+            self._stop.wait(interval)
+
+    def mark(self, text: str) -> None:
+        """A vertical line on the plot at this moment (e.g. "load 80")."""
+        self.marks.append((time.monotonic() - self.t0, text))
+
+    def stop(self) -> "HpaTimeline":
+        self._stop.set()
+        self._thread.join(timeout=5)
+        return self
+
+    def plot(self, title: str | None = None, show: bool = True) -> Any:
+        fig = _figure(9, 3.4)
+        ax = fig.add_subplot()
+        ts = [s[0] for s in self.samples]
+        ax.step(ts, [s[1] for s in self.samples], where="post", color="#0969da",
+                label=_text("期望副本数", "desired replicas"))
+        ax.step(ts, [s[2] for s in self.samples], where="post", color="#1a7f37", linestyle="--",
+                label=_text("就绪副本数", "ready replicas"))
+        ax.set_ylabel(_text("副本", "replicas"))
+        ax.set_ylim(0, max([s[1] for s in self.samples] + [2]) + 0.5)
+        ax2 = ax.twinx()
+        ax2.plot([s[0] for s in self.samples if s[3] is not None], [s[3] for s in self.samples if s[3] is not None],
+                 color="#bf3989", alpha=0.8, label=_text("平均 GPU 利用率 %", "average GPU utilisation %"))
+        ax2.set_ylim(0, 105)
+        ax2.set_ylabel("DCGM_FI_DEV_GPU_UTIL %")
+        for t, text in self.marks:
+            ax.axvline(t, color="#57606a", linestyle=":")
+            ax.text(t, ax.get_ylim()[1] - 0.2, f" {text}", fontsize=8, va="top", color="#57606a")
+        ax.set_xlabel(_text("秒（从开始记录算起）", "seconds since recording started"))
+        ax.set_title(title or f"HPA {self.name}")
+        lines = ax.get_legend_handles_labels()[0] + ax2.get_legend_handles_labels()[0]
+        ax.legend(lines, [ln.get_label() for ln in lines], loc="upper left", bbox_to_anchor=(1.08, 1.0),
+                  fontsize=8, frameon=False)
+        ax.grid(axis="x", alpha=0.3)
+        return _show(fig, show)
+
+
+def watch_hpa(name: str, namespace: str | None = None) -> HpaTimeline:
+    """Start recording an HPA's replicas and metric (``.mark(text)``, ``.stop()``, ``.plot()``)."""
+    return HpaTimeline(name, namespace or _current().namespace)
+
+
+class UsageReport:
+    """:func:`usage_report`'s result: shows as ``gpulab report``'s table; ``plot_*`` draw its pictures."""
+
+    def __init__(self, report: Any):
+        self.report = report
+
+    def __repr__(self) -> str:
+        return self.report.text()
+
+    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
+        p.text(self.report.text())
+
+    def namespace(self, name: str) -> Any:
+        """The :class:`gpulab.usage.report.Usage` row of one namespace (None if it held no GPU)."""
+        return next((u for u in self.report.namespaces if u.name == name), None)
+
+    def plot_utilization(self, title: str | None = None, show: bool = True) -> Any:
+        from .usage import plots
+
+        return _show(plots.utilization_figure(self.report, title or "GPU utilisation over time"), show)
+
+    def plot_allocation(self, title: str | None = None, show: bool = True) -> Any:
+        from .usage import plots
+
+        return _show(plots.allocation_figure(self.report, title or "GPU allocation per node/GPU"), show)
+
+
+def usage_report(since: str | None = None, namespace: str | None = None) -> UsageReport:
+    """``gpulab report`` from a notebook: GPU-hours allocated vs computing, idle GPUs, quota, preemptions.
+
+    ``since`` is a duration (``"15m"``); by default the report covers the time since the lesson's ``setup()``.
+    """
+    from . import usage
+
+    lab = _current()
+    seconds = usage.parse_since(since) if since else max(1.0, time.time() - lab.started)
+    return UsageReport(usage.collect(lab.cluster.root, lab.kube, since=seconds, namespace=namespace))
+
+
+def wait_usage_sample(timeout: float = 20) -> None:
+    """Wait for the monitoring stack's next usage sample, so a report includes what is running now."""
+    from .usage import samples
+
+    store = samples.Store(samples.store_path(_current().cluster.root))
+    since = time.time()
+    wait_for(lambda: store.read(since=since), timeout, what="下一次 GPU 用量采样（custom-metrics-adapter 每 5 秒一次）")

@@ -31,7 +31,10 @@ def cluster_dir() -> Path:
 
 
 def kubeconfig() -> Path:
-    return cluster_dir() / "kubeconfig"
+    """The admin kubeconfig of the cluster of the backend chosen with ``gpulab up --backend``."""
+    from .cluster import backend
+
+    return backend.kubeconfig()
 
 
 def repo_root() -> Path:

@@ -6,6 +6,10 @@ KUBERNETES = "v1.37.2"
 KUBERNETES_STAGING = "v0.37.2"
 ETCD = "v3.6.16"
 KWOK = "v0.8.0"
+# The kind backend (`gpulab up --backend kind`): kind itself, and its default node
+# image, whose kubelet is v1.37.0 (the embedded control plane runs v1.37.2).
+KIND = "v0.33.0"
+KIND_NODE_IMAGE = "kindest/node:v1.37.0@sha256:a1ed56cfb0e7b93589bdf97c8cd566405a265939e3620fc4f5de89adff580ae5"
 GO_MIN = (1, 26)
 
 TABLE = [
@@ -16,4 +20,6 @@ TABLE = [
     ("KWOK (kwok, kwokctl)", KWOK, "built with `go build` from the Go module proxy"),
     ("Python kubernetes client", "37.x", "PyPI"),
     ("Kubelet device-plugin API", "v1beta1", "gRPC over a unix socket"),
+    ("kind (backend `kind` only)", KIND, "built with `go build` from the Go module proxy"),
+    ("kind node image (backend `kind` only)", "v1.37.0", "`kindest/node`, pulled by Docker"),
 ]

@@ -39,9 +39,17 @@ def gpulab_home():
 
 @pytest.fixture(scope="session")
 def cluster(gpulab_home):
-    from gpulab.cluster.embedded import EmbeddedCluster
+    # `make test BACKEND=kind` (GPULAB_TEST_BACKEND=kind): a kind cluster of its own name, Docker needed.
+    if os.environ.get("GPULAB_TEST_BACKEND", "embedded") == "kind":
+        from gpulab.cluster import backend
+        from gpulab.cluster.kind import KindCluster
 
-    c = EmbeddedCluster(gpulab_home / "cluster")
+        backend.choose("kind")
+        c = KindCluster(gpulab_home / "kind", name=f"gpulab-test-{uuid.uuid4().hex[:6]}")
+    else:
+        from gpulab.cluster.embedded import EmbeddedCluster
+
+        c = EmbeddedCluster(gpulab_home / "cluster")
     try:
         c.up(say=lambda m: print(f"gpulab: {m}", file=sys.stderr))
         yield c

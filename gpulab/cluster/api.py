@@ -112,6 +112,13 @@ class Client:
             p += f"/{subresource}"
         return p
 
+    def _auth(self, headers: dict[str, str]) -> dict[str, str]:
+        """Add the bearer token of a token kubeconfig (a pod's service account); certificate ones have none."""
+        token = self._api.configuration.api_key.get("BearerToken")
+        if token:
+            headers["Authorization"] = token
+        return headers
+
     def _url(self, path: str, query: dict[str, Any] | None) -> str:
         url = self._api.configuration.host + path
         if query:
@@ -120,7 +127,7 @@ class Client:
 
     def request(self, method: str, path: str, body: Any = None, query: dict[str, Any] | None = None,
                 content_type: str = "application/json") -> Any:
-        headers = {"Accept": "application/json", "Content-Type": content_type}
+        headers = self._auth({"Accept": "application/json", "Content-Type": content_type})
         data = None if body is None else json.dumps(body).encode()
         try:
             resp = self._pool.request(method, self._url(path, query), body=data, headers=headers,
@@ -209,7 +216,7 @@ class Client:
         if field_selector:
             q["fieldSelector"] = field_selector
         resp = self._pool.request(
-            "GET", self._url(self.path(kind, None, namespace), q), headers={"Accept": "application/json"},
+            "GET", self._url(self.path(kind, None, namespace), q), headers=self._auth({"Accept": "application/json"}),
             preload_content=False, timeout=urllib3.Timeout(connect=10, read=timeout_seconds + 30),
             retries=False,
         )

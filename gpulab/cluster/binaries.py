@@ -261,6 +261,26 @@ def ensure(progress: Progress | None = None) -> Binaries:
     return Binaries(found, tuple(kwok.bin_dir / "kwok-crds" / c for c in KWOK_CRDS))
 
 
+def status_of(build: Build) -> bool:
+    """Whether ``build`` is built and current in the cache."""
+    return _is_built(build)
+
+
+def ensure_build(build: Build, progress: Progress | None = None) -> Path:
+    """Build one optional wrapper module (not in BUILDS, e.g. kind) once; returns its bin dir."""
+    say = progress or (lambda msg: print(f"gpulab: {msg}", file=sys.stderr, flush=True))
+    if not _is_built(build):
+        go = _go()
+        lock_path = paths.cache() / "build.lock"
+        lock_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(lock_path, "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not _is_built(build):
+                say(f"building {build.name} {build.version} from the Go module proxy (once; later runs reuse it)")
+                _build(build, go, say)
+    return build.bin_dir
+
+
 def status() -> list[dict[str, object]]:
     """Which builds are present (for `gpulab versions`)."""
     if os.environ.get("GPULAB_BIN_DIR"):

@@ -21,25 +21,26 @@ and reused afterwards so kubeconfigs stay valid.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
+import stat
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 from .. import paths
 from . import binaries, kubeconfig, nodes, pki
 from .processes import Component, ProcessTable, StartError, free_port, http_ok, https_ok, port_is_free, who_listens
-from .topology import Topology
+from .statedir import StateDir
 from .topology import load as load_topology
 
 Say = Callable[[str], None]
 
 # Start order; stop is the reverse.
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok", "node-agent")
-PORTS = ("etcd-client", "etcd-peer", "apiserver", "controller-manager", "scheduler", "kwok")
+# "custom-metrics" is served by the custom metrics adapter, a program of the node agent.
+PORTS = ("etcd-client", "etcd-peer", "apiserver", "controller-manager", "scheduler", "kwok", "custom-metrics")
 
 POD_CIDR = "10.244.0.0/16"
 SERVICE_CIDR = "10.96.0.0/16"
@@ -56,40 +57,10 @@ def _say(msg: str) -> None:
     print(f"gpulab: {msg}", file=sys.stderr, flush=True)
 
 
-class EmbeddedCluster:
+class EmbeddedCluster(StateDir):
     def __init__(self, root: Path | None = None):
         self.root = root or paths.cluster_dir()
         self.procs = ProcessTable(self.root)
-        self.pki = self.root / "pki"
-
-    # -- state ---------------------------------------------------------------
-
-    @property
-    def state_file(self) -> Path:
-        return self.root / "state.json"
-
-    @property
-    def kubeconfig(self) -> Path:
-        return self.root / "kubeconfig"
-
-    def state(self) -> dict[str, Any]:
-        try:
-            return json.loads(self.state_file.read_text())
-        except (OSError, ValueError):
-            return {}
-
-    def _save_state(self, state: dict[str, Any]) -> None:
-        self.root.mkdir(parents=True, exist_ok=True)
-        tmp = self.state_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps(state, indent=2))
-        os.replace(tmp, self.state_file)
-
-    def exists(self) -> bool:
-        return self.state_file.is_file()
-
-    def topology(self) -> Topology:
-        st = self.state()
-        return load_topology(st.get("topology"))
 
     def running(self) -> dict[str, int]:
         return {n: p for n, p in self.procs.running().items() if n in COMPONENTS}
@@ -98,6 +69,26 @@ class EmbeddedCluster:
         return set(self.running()) == set(COMPONENTS)
 
     # -- bring-up ------------------------------------------------------------
+
+    def _make_reachable(self, say: Say) -> None:
+        """Let pod processes reach the cluster directory and gpulab's Python.
+
+        Run as root, the node agent starts container and exec processes as
+        nobody (sandbox.NOBODY); `kubectl exec POD -- nvidia-smi` then runs
+        <root>/bin/nvidia-smi with this interpreter. A private directory on the
+        way (root's 0700 home, a mkdtemp directory) makes that fail with
+        "permission denied". Only the search bit is added: nobody can pass
+        through, not list.
+        """
+        if os.geteuid() != 0:
+            return
+        self.root.mkdir(parents=True, exist_ok=True)
+        for target in (self.root.resolve(), Path(sys.prefix).resolve()):
+            for d in reversed((target, *target.parents)):
+                mode = d.stat().st_mode
+                if not mode & stat.S_IXOTH:
+                    d.chmod(stat.S_IMODE(mode) | stat.S_IXOTH)
+                    say(f"{d}: added o+x (search only), so pod processes, which run as nobody, can reach {target}")
 
     def up(self, topology_path: str | Path | None = None, say: Say = _say, timeout: float = 120) -> str:
         """Start the cluster (or whatever part of it is down). Returns a one-line summary."""
@@ -122,6 +113,7 @@ class EmbeddedCluster:
 
         bins = binaries.ensure(say)
         started = time.monotonic()
+        self._make_reachable(say)
         pki.ensure(self.pki)
         ports = self._ports(state.get("ports", {}), running)
         state.update(topology=str(topo.source.resolve()), ports=ports, backend="embedded")
@@ -148,9 +140,11 @@ class EmbeddedCluster:
                     nodes.bootstrap(self, topo, bins.kwok_crds, say)
             nodes.wait_ready(self, topo, timeout=max(10.0, timeout - (time.monotonic() - started)))
             say(f"{len(topo.nodes)} nodes Ready after {time.monotonic() - started:.1f} s")
+            from ..fakegpu import monitoring
             from ..fakegpu import operator as gpu_operator
 
             gpu_operator.install(self.kubeconfig, say, since=(self.root / "node-agent.ready").stat().st_mtime)
+            monitoring.install(self.kubeconfig, self.pki, ports["custom-metrics"], say)
         except BaseException as e:
             # Leave nothing half-started behind: what this call started, it stops.
             for name in reversed(started_now):
@@ -165,7 +159,7 @@ class EmbeddedCluster:
     def _ports(self, previous: dict[str, int], running: dict[str, int]) -> dict[str, int]:
         owner = {"etcd-client": "etcd", "etcd-peer": "etcd", "apiserver": "kube-apiserver",
                  "controller-manager": "kube-controller-manager", "scheduler": "kube-scheduler",
-                 "kwok": "kwok"}
+                 "kwok": "kwok", "custom-metrics": "node-agent"}
         ports: dict[str, int] = {}
         for key in PORTS:
             prev = previous.get(key)

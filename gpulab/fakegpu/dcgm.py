@@ -10,7 +10,9 @@ on a time-sliced GPU, so shared GPUs carry no pod labels.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import http.server
+import threading
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .node import GpuNode
@@ -96,3 +98,35 @@ def parse(text: str) -> list[tuple[str, dict[str, str], float]]:
                 labels[k] = v.strip('"')
         out.append((name, labels, float(value)))
     return out
+
+
+def serve(node: "GpuNode", address: tuple[str, int], thread_name: str = "dcgm-exporter") -> http.server.ThreadingHTTPServer:
+    """Serve ``/metrics`` (rendered per request) and ``/health`` as dcgm-exporter does, in a thread.
+
+    Returns the running server; ``server.shutdown()`` stops it.
+    """
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            path = self.path.split("?")[0]
+            if path == "/health":
+                body, ctype = b"OK", "text/plain"
+            elif path == "/metrics":
+                body, ctype = render(node).encode(), "text/plain; version=0.0.4"
+            else:
+                self.send_error(404)
+                return
+            self.send_response(200)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(address, Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.5}, daemon=True,
+                     name=thread_name).start()
+    return server

@@ -45,6 +45,7 @@ __all__ = [
     "DeviceUse",
     "Kill",
     "Ledger",
+    "declares_utilization",
     "demand_of",
     "format_size",
 ]
@@ -145,6 +146,12 @@ def demand_of(pod: Mapping[str, Any], container: str) -> Demand | None:
     return Demand(memory, utilization)
 
 
+def declares_utilization(pod: Mapping[str, Any], container: str) -> bool:
+    """Whether the pod fixes ``container``'s utilisation itself (then traffic does not change it)."""
+    ann = (pod.get("metadata") or {}).get("annotations") or {}
+    return f"{UTILIZATION_ANNOTATION}.{container}" in ann or UTILIZATION_ANNOTATION in ann
+
+
 class Ledger:
     """The CUDA programs running on one node's GPUs."""
 
@@ -188,6 +195,15 @@ class Ledger:
             kills[other] = self._oom(step, hit, 0)
             del self._clients[other]
         return kills
+
+    def set_utilization(self, owner: Owner, utilization: int) -> bool:
+        """The program's load changed (traffic, see :mod:`gpulab.fakegpu.load`); True if it did."""
+        client = self._clients.get(owner)
+        utilization = max(0, min(100, int(utilization)))
+        if client is None or client.demand.utilization == utilization:
+            return False
+        client.demand = Demand(client.demand.memory_mib, utilization)
+        return True
 
     def stop(self, owner: Owner) -> bool:
         """The program ended; its memory is free again. True if it was running."""

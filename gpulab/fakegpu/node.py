@@ -46,6 +46,7 @@ from .gfd import CUDA_DRIVER_VERSION, DRIVER_VERSION
 
 if TYPE_CHECKING:
     from ..cluster.topology import NodeSpec
+    from .load import LoadModel
     from .stack import GpuStack
 
 log = logging.getLogger("gpulab.fakegpu")
@@ -142,6 +143,8 @@ class GpuNode:
         self._pods: dict[str, str] = {}                 # pod UID -> "namespace/name"
         self._state_files: dict[tuple[str, str], tuple[Path, tuple[int, ...]]] = {}
         self._running: dict[tuple[str, str], bool] = {}  # owner -> is a CUDA program
+        # GPU containers that declared no CUDA program: traffic (a workload's load) makes them one.
+        self._idle: dict[tuple[str, str], str] = {}       # owner -> process name
         self._pending: dict[tuple[str, str], ledgermod.Kill] = {}
         self._status = _StatusWriter(stack.client, spec.name)
         self.manager = DeviceManager(self.plugin_dir, on_change=self._status.submit)
@@ -436,6 +439,7 @@ class GpuNode:
         with self.lock:
             if not running:
                 self._pending.pop(owner, None)
+                self._idle.pop(owner, None)
                 if self._running.pop(owner, None) and self.ledger.stop(owner):
                     self.refresh()
                 return None
@@ -460,7 +464,13 @@ class GpuNode:
         except ledgermod.DemandError as e:
             self.stack.pod_event(pod, "Failed", f"Error: {e}; the container runs as if it used no GPU", "Warning")
             demand = None
-        uses = self._uses(owner[0], container["name"]) if demand is not None else []
+        command = container.get("command") or []
+        process = os.path.basename(command[0]) if command else "python3"
+        if demand is None:
+            self._running[owner] = False
+            self._idle[owner] = process
+            return {}
+        uses = self._uses(owner[0], container["name"])
         self._running[owner] = bool(uses)
         if not uses:
             return {}
@@ -472,9 +482,6 @@ class GpuNode:
         if err is not None:
             self._running[owner] = False
             return {owner: ledgermod.Kill(1, (f"CUDA error: {err.message} ({err.name} = {err.code})",))}
-        command = container.get("command") or []
-        process = os.path.basename(command[0]) if command else "python3"
-        assert demand is not None
         kills = self.ledger.start(owner, uses, demand, process)
         if not kills:
             self.refresh()
@@ -491,12 +498,49 @@ class GpuNode:
             stopped = [o for o in list(self._running) if o[0] == uid]
             for o in stopped:
                 self._running.pop(o, None)
+                self._idle.pop(o, None)
                 self._pending.pop(o, None)
                 self.ledger.stop(o)
             for key in [k for k in self._state_files if k[0] == uid]:
                 path, _ = self._state_files.pop(key)
                 path.unlink(missing_ok=True)
         self.refresh()
+
+    def has_programs(self) -> bool:
+        with self.lock:
+            return bool(self._running)
+
+    def apply_load(self, pods: dict[str, dict[str, Any]], model: "LoadModel") -> bool:
+        """Set each GPU container's utilisation from its workload's load; True if any changed.
+
+        ``pods`` are this node's pods as the API has them now (by UID). A
+        container's own ``gpulab.io/gpu-utilization`` annotation wins; a pod
+        that is not Ready gets no traffic, so it computes nothing.
+        """
+        with self.lock:
+            owners = list(self._running)
+        # Owner lookups go to the API: not under the node's lock.
+        wanted: dict[tuple[str, str], int] = {}
+        for owner in owners:
+            pod = pods.get(owner[0])
+            if pod is None or ledgermod.declares_utilization(pod, owner[1]):
+                continue
+            share = model.utilization(pod) if _is_ready(pod) else None
+            wanted[owner] = int(round(share or 0))
+        changed = False
+        with self.lock:
+            for owner, util in wanted.items():
+                if owner in self.ledger:
+                    changed |= self.ledger.set_utilization(owner, util)
+                elif owner in self._idle and util > 0:
+                    uses = self._uses(*owner)
+                    if uses:
+                        self.ledger.start(owner, uses, ledgermod.Demand(0, util), self._idle.pop(owner))
+                        self._running[owner] = True
+                        changed = True
+            if changed:
+                self.refresh()
+        return changed
 
     def holders(self) -> dict[str, list[tuple[str, str, str]]]:
         """Device UUID (GPU or MIG) -> ``(namespace, pod, container)`` of each container holding it."""
@@ -521,6 +565,11 @@ class GpuNode:
         with self.lock:
             holders = set(self.manager.pod_devices())
             return sorted(self._pods.get(uid, uid) for uid in holders)
+
+
+def _is_ready(pod: dict[str, Any]) -> bool:
+    conditions = (pod.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
 
 
 def _pid(owner: tuple[str, str]) -> int:

@@ -29,7 +29,6 @@ back-off, so a broken component shows as CrashLoopBackOff, as it would.
 
 from __future__ import annotations
 
-import http.server
 import io
 import json
 import os
@@ -811,29 +810,7 @@ class DcgmExporterMain:
             return 1
         stack = self.stack
 
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 (http.server's name)
-                if self.path.split("?")[0] == "/health":
-                    body, ctype = b"OK", "text/plain"
-                elif self.path.split("?")[0] == "/metrics":
-                    body, ctype = dcgm.render(node).encode(), "text/plain; version=0.0.4"
-                else:
-                    self.send_error(404)
-                    return
-                self.send_response(200)
-                self.send_header("Content-Type", ctype)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        server.daemon_threads = True
-        thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.5}, daemon=True,
-                                  name=f"dcgm-exporter-{node.name}")
-        thread.start()
+        server = dcgm.serve(node, ("127.0.0.1", 0), thread_name=f"dcgm-exporter-{node.name}")
         endpoint = f"http://127.0.0.1:{server.server_address[1]}/metrics"
         md = self.ctx.pod["metadata"]
         try:

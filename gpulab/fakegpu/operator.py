@@ -455,9 +455,10 @@ def register(stack: "GpuStack") -> None:
 # Installation at bring-up
 
 
-def _documents() -> list[dict[str, Any]]:
+def manifest_documents(folder: Path | None = None) -> list[dict[str, Any]]:
+    """Every YAML document of the folder's files, in file-name order (default: the operator's)."""
     docs: list[dict[str, Any]] = []
-    for f in sorted(manifests_dir().glob("*.yaml")):
+    for f in sorted((folder or manifests_dir()).glob("*.yaml")):
         docs += [d for d in yaml.safe_load_all(f.read_text()) if d]
     return docs
 
@@ -516,7 +517,7 @@ def install(kubeconfig: Path, say: Callable[[str], None], since: float = 0.0, ti
     client = api.Client(kubeconfig)
     started = time.monotonic()
     policies = []
-    for doc in _documents():
+    for doc in manifest_documents():
         if doc["kind"] == "ClusterPolicy":
             policies.append(doc)
             continue

@@ -17,6 +17,8 @@ Pod annotations it reads and writes:
 
 - ``gpulab.io/gpu-memory`` / ``gpulab.io/gpu-utilization`` (read): what a
   container's CUDA program uses, see :mod:`gpulab.fakegpu.ledger`;
+- ``gpulab.io/gpu-load`` on Deployments/StatefulSets/ReplicaSets (read):
+  the traffic their ready pods share, see :mod:`gpulab.fakegpu.load`;
 - ``gpulab.io/allocated-devices`` (written after admission): the devices
   the kubelet gave each container, ``{"<container>": {"<resource>": [IDs]}}``.
 """
@@ -34,6 +36,7 @@ from typing import Any, Callable
 from ..cluster import api
 from ..cluster.topology import load as load_topology
 from ..runtime.agent import ContainerKill, DeviceGrant
+from .load import LoadModel
 from .node import GpuNode
 
 log = logging.getLogger("gpulab.fakegpu")
@@ -134,12 +137,14 @@ class GpuStack:
         self.nodes_informer = Informer(self.client, "Node", self.notify)
         self.policies = Informer(self.client, "ClusterPolicy", self.notify)
         self.gpu_nodes: dict[str, GpuNode] = {}
+        self.load_model = LoadModel(self.client)
         for spec in self._topology().gpu_nodes:
             self.gpu_nodes[spec.name] = GpuNode(self, spec, self.cluster_dir)
-        from . import operands, operator
+        from . import monitoring, operands, operator
 
         operands.register(self)
         operator.register(self)
+        monitoring.register(self)
 
     def _topology(self):
         try:
@@ -156,7 +161,8 @@ class GpuStack:
             node.start()
         for name, target in (("gpu-watch-nodes", self.nodes_informer.run),
                              ("gpu-watch-clusterpolicies", self.policies.run),
-                             ("gpu-faults", self._watch_faults)):
+                             ("gpu-faults", self._watch_faults),
+                             ("gpu-load", self._apply_loads)):
             threading.Thread(target=target, args=(self.stop_event,), daemon=True, name=name).start()
         self.nodes_informer.synced.wait(10)
 
@@ -187,6 +193,27 @@ class GpuStack:
                     log.exception("cannot reload faults of %s", node.name)
             if changed:
                 self.notify()
+
+    def _apply_loads(self, stop: threading.Event, every: float = 2.0) -> None:
+        # Traffic moves with replicas and readiness, so utilisation is
+        # recomputed from the API's view of the pods every few seconds.
+        while not stop.wait(every):
+            busy = [n for n in self.gpu_nodes.values() if n.has_programs()]
+            if not busy:
+                continue
+            try:
+                pods = self.client.list("Pod")
+            except (api.ApiError, api.NotFound, OSError) as e:
+                log.warning("cannot list pods for GPU load: %s", e)
+                continue
+            by_node: dict[str, dict[str, dict[str, Any]]] = {}
+            for pod in pods:
+                by_node.setdefault((pod.get("spec") or {}).get("nodeName", ""), {})[pod["metadata"]["uid"]] = pod
+            for node in busy:
+                try:
+                    node.apply_load(by_node.get(node.name, {}), self.load_model)
+                except Exception:
+                    log.exception("cannot apply GPU load on %s", node.name)
 
     # -- for programs -----------------------------------------------------------
 

@@ -15,6 +15,17 @@ notebook does to the cluster, as module attributes read into a
     GPUS_FREE = 2                         # GPUs that must be free when the run starts
     LOGS = True                           # capture container logs as PodLog objects
     CELL_TIMEOUT, TIMEOUT = 120, 300      # seconds per cell / per notebook
+    SETUP = break_one_layer               # hook(env: LabEnv) -> objects for the checks, before the run
+    TEARDOWN = repair                     # hook(env: LabEnv), after collection: always, even when the run fails
+    COLLECT = gpu_stack_objects           # hook(client) -> {kind: [objects]} captured with the namespaces
+    PARAMETERS = {"model_load_seconds": 1}   # papermill parameters the grader injects besides namespace
+
+``SETUP``/``TEARDOWN`` change what the notebook finds on the cluster (a fault on a
+GPU node, say); they need ``CLUSTER_WIDE``. ``SETUP`` runs last in
+:meth:`ClusterSandbox.prepare` (after ``GPUS_FREE`` is checked) and returns API-like
+objects (``{"kind": "InjectedFault", ...}``) that the collector adds to what the
+checks see, never the learner; ``TEARDOWN`` runs first in
+:meth:`ClusterSandbox.release` whenever ``SETUP`` was called, even if it raised.
 
 Per submission :class:`ClusterSandbox` creates the namespaces and a
 **namespace-scoped identity**: a client certificate from the cluster CA for
@@ -115,6 +126,11 @@ class LabSpec:
     logs: bool = False
     cell_timeout: float = 120.0
     timeout: float = 300.0
+    setup: Callable[[LabEnv], Iterable[Mapping[str, Any]] | None] | None = field(default=None, compare=False)
+    teardown: Callable[[LabEnv], Any] | None = field(default=None, compare=False)
+    collect: Callable[[api.Client], Mapping[str, Sequence[Mapping[str, Any]]]] | None = field(default=None,
+                                                                                              compare=False)
+    parameters: Mapping[str, Any] = field(default_factory=dict, compare=False)
 
     @classmethod
     def from_module(cls, module: ModuleType) -> LabSpec:
@@ -131,13 +147,20 @@ class LabSpec:
                    gpus_free=int(getattr(module, "GPUS_FREE", 0)),
                    logs=bool(getattr(module, "LOGS", False)),
                    cell_timeout=float(getattr(module, "CELL_TIMEOUT", 120.0)),
-                   timeout=float(getattr(module, "TIMEOUT", 300.0)))
+                   timeout=float(getattr(module, "TIMEOUT", 300.0)),
+                   setup=getattr(module, "SETUP", None), teardown=getattr(module, "TEARDOWN", None),
+                   collect=getattr(module, "COLLECT", None), parameters=dict(getattr(module, "PARAMETERS", {})))
         for suffix in spec.namespaces:
             if not re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,14}[a-z0-9])?", suffix):
                 raise CheckLoadError(f"{module.__name__}: NAMESPACES entry {suffix!r} must be a short DNS label")
         if (spec.cluster_rules or spec.node_labels or spec.node_taints or spec.priority_classes) \
                 and not spec.cluster_wide:
             raise CheckLoadError(f"{module.__name__}: CLUSTER_RULES/NODE_*/PRIORITY_CLASSES need CLUSTER_WIDE = True")
+        for hook in ("setup", "teardown"):
+            if getattr(spec, hook) is not None and not callable(getattr(spec, hook)):
+                raise CheckLoadError(f"{module.__name__}: {hook.upper()} must be a function of a LabEnv")
+        if (spec.setup or spec.teardown) and not spec.cluster_wide:
+            raise CheckLoadError(f"{module.__name__}: SETUP/TEARDOWN need CLUSTER_WIDE = True")
         return spec
 
     def namespace_names(self, namespace: str) -> list[str]:
@@ -148,6 +171,16 @@ class LabSpec:
     def namespace_room(self) -> int:
         """Longest base namespace name that leaves room for the suffixes (names are at most 63)."""
         return 63 - max((len(s) + 1 for s in self.namespaces), default=0)
+
+
+@dataclass(frozen=True)
+class LabEnv:
+    """What a lab's ``SETUP``/``TEARDOWN`` hook gets: the admin client, the cluster's directory, the run."""
+
+    client: api.Client
+    cluster_root: Path | None
+    namespace: str
+    learner: str
 
 
 def load_lab_spec(lab: str) -> LabSpec:
@@ -243,6 +276,7 @@ class ClusterCollector:
     namespaced_kinds: Sequence[str] = NAMESPACED_KINDS
     cluster_kinds: Sequence[str] = CLUSTER_KINDS
     log_bytes: int = 64 << 10
+    extra: Callable[[str], Mapping[str, Sequence[Mapping[str, Any]]]] | None = None  # e.g. ClusterSandbox.injected
 
     def collect(self, namespace: str) -> dict[str, list[dict[str, Any]]]:
         found: dict[str, list[dict[str, Any]]] = {}
@@ -252,8 +286,13 @@ class ClusterCollector:
                 found.setdefault(kind, []).extend(items)
         for kind in self.cluster_kinds:
             found[kind] = self._list(kind, None)
+        if self.spec.collect is not None:
+            for kind, items in self.spec.collect(self.client).items():
+                found.setdefault(kind, []).extend(copy.deepcopy(dict(o)) for o in items)
         if self.spec.logs:
             found[POD_LOG] = [log for pod in found.get("Pod", []) for log in self._logs(pod)]
+        for kind, items in (self.extra(namespace) if self.extra else {}).items():
+            found.setdefault(kind, []).extend(copy.deepcopy(dict(o)) for o in items)
         for kind, items in found.items():
             items.sort(key=lambda o: ((o.get("metadata") or {}).get("namespace") or "",
                                       (o.get("metadata") or {}).get("name") or "", o.get("container", "")))
@@ -362,14 +401,18 @@ def _clean_priority_class(pc: Mapping[str, Any]) -> dict[str, Any]:
     return keep
 
 
-def topology_baseline(cluster_root: Path | None) -> dict[str, dict[str, Any]]:
-    """Per node, the labels and taints the topology gives it at bring-up ({} when unknown)."""
-    if cluster_root is None:
+def topology_baseline(source: Path | Any | None) -> dict[str, dict[str, Any]]:
+    """Per node, the labels and taints the topology gives it at bring-up ({} when unknown).
+
+    ``source`` is a cluster object of either backend (anything with ``topology()``)
+    or the directory of an embedded cluster.
+    """
+    if source is None:
         return {}
     from gpulab.cluster import nodes
     from gpulab.cluster.embedded import NODE_ANNOTATION, EmbeddedCluster
 
-    topo = EmbeddedCluster(cluster_root).topology()
+    topo = (source if hasattr(source, "topology") else EmbeddedCluster(Path(source))).topology()
     baseline = {}
     for node_spec in topo.nodes:
         obj = nodes.node_object(node_spec, NODE_ANNOTATION)
@@ -423,6 +466,8 @@ class _Prepared:
     namespaces: list[str]
     kubeconfig: Path
     state: ClusterState | None = None
+    set_up: bool = False
+    injected: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass
@@ -450,12 +495,16 @@ class ClusterSandbox:
 
     @classmethod
     def for_cluster(cls, cluster: Any, spec: LabSpec, restore: str = "targeted") -> ClusterSandbox:
-        """A sandbox on an :class:`~gpulab.cluster.embedded.EmbeddedCluster` (admin client, its CA)."""
+        """A sandbox on a cluster of either backend (its admin client and CA)."""
         server = kubeconfig.server_of(cluster.kubeconfig)
         if not server:
             raise SandboxError(f"{cluster.kubeconfig}: no apiserver address; is the cluster up?")
-        return cls(api.Client(cluster.kubeconfig), cluster.pki, server, spec, cluster.root, restore,
-                   reset_cluster=(lambda: cluster.reset(say=lambda _m: None)) if restore == "reset" else None)
+        sandbox = cls(api.Client(cluster.kubeconfig), cluster.pki, server, spec, cluster.root, restore,
+                      reset_cluster=(lambda: cluster.reset(say=lambda _m: None)) if restore == "reset" else None)
+        if spec.cluster_wide:
+            # The cluster object knows its own topology, whichever backend runs it.
+            sandbox._baseline = topology_baseline(cluster)
+        return sandbox
 
     # -- the protocol ------------------------------------------------------------
 
@@ -479,14 +528,33 @@ class ClusterSandbox:
             if self.spec.cluster_rules:
                 self._bind_cluster_rules(namespace, user)
             self._check_gpus()
+            if self.spec.setup is not None:
+                prepared.set_up = True
+                made = self.spec.setup(LabEnv(self.client, self.cluster_root, namespace, learner))
+                prepared.injected = [copy.deepcopy(dict(o)) for o in made or ()]
             self._write_kubeconfig(namespace, user, prepared.kubeconfig)
         except BaseException:
             self.release(namespace)
             raise
         return {"KUBECONFIG": str(prepared.kubeconfig)}
 
+    def injected(self, namespace: str) -> dict[str, list[dict[str, Any]]]:
+        """What the lab's ``SETUP`` returned for this run, by kind (for the collector; never shown to learners)."""
+        prepared = self._prepared.get(namespace)
+        grouped: dict[str, list[dict[str, Any]]] = {}
+        for obj in prepared.injected if prepared else ():
+            grouped.setdefault(str(obj.get("kind")), []).append(copy.deepcopy(obj))
+        return grouped
+
     def release(self, namespace: str) -> None:
         prepared = self._prepared.pop(namespace, None)
+        try:
+            if prepared is not None and prepared.set_up and self.spec.teardown is not None:
+                self.spec.teardown(LabEnv(self.client, self.cluster_root, namespace, prepared.learner))
+        finally:
+            self._release(namespace, prepared)
+
+    def _release(self, namespace: str, prepared: _Prepared | None) -> None:
         names = prepared.namespaces if prepared else self.spec.namespace_names(namespace)
         for ns in names:
             self._delete_namespace(ns)

@@ -53,9 +53,9 @@ def lab_notebook(spec: LabSpec) -> Path:
 
 
 def _cluster(cluster: Any = None) -> Any:
-    from gpulab.cluster.embedded import EmbeddedCluster
+    from gpulab.cluster import backend
 
-    cluster = cluster or EmbeddedCluster()
+    cluster = cluster or backend.current()
     if not cluster.exists() or not cluster.is_up():
         raise GradingError(f"the cluster in {cluster.root} is not running: start it with `gpulab up`")
     return cluster
@@ -103,7 +103,7 @@ def setup(lab: str, *, cluster: Any = None, hidden: str | Path | None = None, ja
             raise GradingError(str(exc)) from exc
     runner = Runner(cell_timeout=cell_timeout or spec.cell_timeout, timeout=timeout or spec.timeout, jail=cage)
     sandbox = ClusterSandbox.for_cluster(cluster, spec, restore=restore)
-    return Setup(spec, suite, runner, ClusterCollector(sandbox.client, spec), sandbox)
+    return Setup(spec, suite, runner, ClusterCollector(sandbox.client, spec, extra=sandbox.injected), sandbox)
 
 
 def namespace_for(spec: LabSpec, prefix: str = "grade") -> Callable[[str, str], str]:
@@ -127,7 +127,7 @@ def grade_submissions(submissions_dir: str | Path, lab: str, out_dir: str | Path
         delete_leftovers(ready.sandbox.client, f"grade-{ready.spec.number}-")
         return grade_batch(submissions_dir, ready.spec.lab, ready.suite, ready.runner, out_dir,
                            progress=bar, collector=ready.collector, sandbox=ready.sandbox,
-                           namespace_for=namespace_for(ready.spec))
+                           parameters=dict(ready.spec.parameters), namespace_for=namespace_for(ready.spec))
     finally:
         if isinstance(bar, TqdmProgress):
             bar.close()
@@ -156,7 +156,7 @@ def check_notebook(notebook: str | Path, *, lab: str | None = None, out_dir: str
     try:
         sub = Submission(learner, notebook)
         row = grade_submission(sub, spec.lab, ready.suite, ready.runner, out, ready.collector, ready.sandbox,
-                               namespace_for=namespace_for(spec, "check"))
+                               parameters=dict(spec.parameters), namespace_for=namespace_for(spec, "check"))
     except SandboxError as exc:
         raise GradingError(str(exc)) from exc
     finally:

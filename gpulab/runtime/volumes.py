@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 from ..cluster import api
-from .sandbox import Mount
 
 SUPPORTED = ("emptyDir", "hostPath", "configMap", "secret", "persistentVolumeClaim", "projected", "downwardAPI")
 

@@ -207,3 +207,155 @@ def test_restore_leaves_a_clean_node_alone():
     node = {"metadata": {"labels": {"x": "y"}}, "spec": {"taints": [{"key": "keep", "effect": "NoSchedule"}]}}
     lab = lab_for({"n1": node}, [spec("n1")], ["node-role.kubernetes.io/ai"], ["nvidia.com/gpu"])
     assert lab._restore_nodes() == [] and lab.kube.patches == []
+
+
+# -- the GPU stack ------------------------------------------------------------------------
+
+
+class FakeStackKube:
+    """Just enough of api.Client for Lab._undo_gpu_stack."""
+
+    def __init__(self, objects):
+        self.objects = objects  # (kind, name, namespace) -> object
+        self.calls = []
+
+    def get(self, kind, name, namespace=None):
+        return self.objects.get((kind, name, namespace))
+
+    def list(self, kind, namespace=None, **_):
+        return [o for (k, _, ns), o in self.objects.items() if k == kind and ns == namespace]
+
+    def delete(self, kind, name, namespace=None, **_):
+        self.calls.append(("delete", kind, name, namespace))
+        self.objects.pop((kind, name, namespace), None)
+
+    def patch(self, kind, name, patch, namespace=None, **_):
+        self.calls.append(("patch", kind, name, patch))
+
+    @staticmethod
+    def path(kind, name=None, namespace=None):
+        return f"{kind}/{name}"
+
+    def request(self, method, path, body=None, **_):
+        self.calls.append((method, path, body["spec"]))
+
+
+def test_undo_gpu_stack_puts_back_what_the_lesson_changed(tmp_path, monkeypatch):
+    import yaml as yamlmod
+
+    from gpulab.fakegpu import faults, operator
+
+    manifests = tmp_path / "manifests"
+    (manifests / "04-sharing").mkdir(parents=True)
+    (manifests / "gpu-operator").mkdir()
+    (manifests / "gpu-operator" / "30-cluster-policy.yaml").write_text(
+        (operator.manifests_dir() / "30-cluster-policy.yaml").read_text())
+    (manifests / "04-sharing" / "ts.yaml").write_text(
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: ts\n  namespace: gpu-operator\ndata: {}\n---\n"
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: p\n")
+    monkeypatch.setattr(nb.paths, "manifests", lambda: manifests)
+    installed = yamlmod.safe_load((operator.manifests_dir() / "30-cluster-policy.yaml").read_text())["spec"]
+    changed = {**installed, "mig": {"strategy": "mixed"}}
+    node = {"metadata": {"labels": {"nvidia.com/device-plugin.config": "any", "nvidia.com/mig.config": "all-1g.10gb",
+                                    "nvidia.com/mig.config.state": "success"}}}
+    crashing = {"metadata": {"name": "nvidia-device-plugin-daemonset-x", "ownerReferences": [{"kind": "DaemonSet"}]},
+                "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "False"}]}}
+    healthy = {"metadata": {"name": "gpu-feature-discovery-y", "ownerReferences": [{"kind": "DaemonSet"}]},
+               "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}}
+    kube = FakeStackKube({
+        ("ConfigMap", "ts", "gpu-operator"): {"metadata": {"name": "ts"}},
+        ("ClusterPolicy", "cluster-policy", None): {"metadata": {"name": "cluster-policy"}, "spec": changed},
+        ("Node", "gpu-node-1", None): node,
+        ("Pod", "nvidia-device-plugin-daemonset-x", "gpu-operator"): crashing,
+        ("Pod", "gpu-feature-discovery-y", "gpu-operator"): healthy,
+    })
+    gpu = NodeSpec("gpu-node-1", "gpu", "32", "256Gi", 110, "h100-80gb", 2, {}, ())
+    lab = object.__new__(nb.Lab)
+    lab.lesson, lab.namespace, lab.kube = "04-sharing", "lesson-04", kube
+    lab.cluster = types.SimpleNamespace(root=tmp_path / "cluster", topology=lambda: Topology("t", None, (gpu,)))
+    faults.save(lab.cluster.root, "gpu-node-1", [faults.Fault("no-devices")])
+    monkeypatch.setattr(faults, "wait_applied", lambda *a, **k: True)
+
+    done = lab._undo_gpu_stack()
+
+    assert faults.load(lab.cluster.root, "gpu-node-1").faults == ()
+    assert ("delete", "ConfigMap", "ts", "gpu-operator") in kube.calls
+    assert ("PUT", "ClusterPolicy/cluster-policy", installed) in kube.calls
+    assert ("patch", "Node", "gpu-node-1", {"metadata": {"labels": {
+        "nvidia.com/device-plugin.config": None, "nvidia.com/mig.config": "all-disabled",
+        "nvidia.com/mig.config.state": None}}}) in kube.calls
+    deleted_pods = [c[2] for c in kube.calls if c[:2] == ("delete", "Pod")]
+    assert deleted_pods == ["nvidia-device-plugin-daemonset-x"]
+    assert len(done) == 5
+
+
+def test_undo_gpu_stack_leaves_an_untouched_stack_alone(tmp_path, monkeypatch):
+    import yaml as yamlmod
+
+    from gpulab.fakegpu import operator
+
+    installed = yamlmod.safe_load((operator.manifests_dir() / "30-cluster-policy.yaml").read_text())["spec"]
+    (tmp_path / "gpu-operator").mkdir()
+    (tmp_path / "gpu-operator" / "30-cluster-policy.yaml").write_text(yamlmod.safe_dump({"spec": installed}))
+    monkeypatch.setattr(nb.paths, "manifests", lambda: tmp_path)
+    kube = FakeStackKube({
+        ("ClusterPolicy", "cluster-policy", None): {"metadata": {"name": "cluster-policy"}, "spec": installed},
+        ("Node", "gpu-node-1", None): {"metadata": {"labels": {"nvidia.com/mig.config": "all-disabled"}}},
+    })
+    gpu = NodeSpec("gpu-node-1", "gpu", "32", "256Gi", 110, "h100-80gb", 2, {}, ())
+    lab = object.__new__(nb.Lab)
+    lab.lesson, lab.namespace, lab.kube = "02-gpu-operator", "lesson-02", kube
+    lab.cluster = types.SimpleNamespace(root=tmp_path / "cluster", topology=lambda: Topology("t", None, (gpu,)))
+    assert lab._undo_gpu_stack() == [] and kube.calls == []
+
+
+# -- plots: CJK fonts -----------------------------------------------------------------
+
+
+def test_cjk_font_installed_after_matplotlibs_font_cache_is_found(monkeypatch):
+    """fonts-noto-cjk installed after matplotlib cached its font list: _cjk_font adds the .ttc itself."""
+    from matplotlib import font_manager
+
+    added = []
+    monkeypatch.setattr(font_manager.fontManager, "ttflist", [types.SimpleNamespace(name="DejaVu Sans")])
+    monkeypatch.setattr(font_manager, "findSystemFonts", lambda: [
+        "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf", "/usr/share/fonts/opentype/noto/NotoSansCJK-Regular.ttc"])
+
+    def addfont(path):
+        added.append(path)
+        font_manager.fontManager.ttflist.append(types.SimpleNamespace(name="Noto Sans CJK SC"))
+
+    monkeypatch.setattr(font_manager.fontManager, "addfont", addfont)
+    nb._cjk_font.cache_clear()
+    try:
+        assert nb._cjk_font() == "Noto Sans CJK SC"
+        assert added == ["/usr/share/fonts/opentype/noto/NotoSansCJK-Regular.ttc"]
+        assert nb._text("中文", "English") == "中文"
+    finally:
+        nb._cjk_font.cache_clear()
+
+
+def test_no_cjk_font_means_english_plot_labels(monkeypatch):
+    from matplotlib import font_manager
+
+    monkeypatch.setattr(font_manager.fontManager, "ttflist", [types.SimpleNamespace(name="DejaVu Sans")])
+    monkeypatch.setattr(font_manager, "findSystemFonts", lambda: ["/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf"])
+    nb._cjk_font.cache_clear()
+    try:
+        assert nb._cjk_font() is None
+        assert nb._text("中文", "English") == "English"
+    finally:
+        nb._cjk_font.cache_clear()
+
+
+def test_plot_gpu_memory_stacks_pods_per_gpu_and_marks_the_card():
+    rows = [{"GPU": "GPU 0", "POD": "a", "MIB": 16384, "FAILED": True},
+            {"GPU": "GPU 1", "POD": "b", "MIB": 16384, "FAILED": False},
+            {"GPU": "GPU 0", "POD": "greedy", "MIB": 61440, "FAILED": True}]
+    fig = nb.plot_gpu_memory(rows, 81559, show=False)
+    ax = fig.axes[0]
+    bars = [(round(b.get_y() + b.get_height() / 2), b.get_x(), b.get_width()) for b in ax.patches]
+    assert bars == [(0, 0, 16384), (0, 16384, 61440), (1, 0, 16384)]
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["GPU 0", "GPU 1"]
+    assert ax.lines[0].get_xdata()[0] == 81559  # the card's memory
+    assert ax.get_xlim()[1] > 16384 + 61440

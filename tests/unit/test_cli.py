@@ -42,3 +42,28 @@ def test_versions_lists_the_pins():
     result = run("versions")
     assert result.exit_code == 0
     assert "v1.37.2" in result.output and "v3.6.16" in result.output and "v0.8.0" in result.output
+
+
+def test_load_rejects_malformed_values_before_touching_the_cluster(tmp_path):
+    for args, message in (
+        (("deploy/llm", "lots"), "load 'lots': expected a number of percent of one GPU"),
+        (("deploy/llm", "20000"), "must be between 0 and 10000"),
+        (("deploy/llm", "nan"), "must be between 0 and 10000"),
+        (("pod/llm", "50"), "unknown kind 'pod'"),
+        (("llm", "50"), "expected KIND/NAME"),
+        (("deploy/LLM_1", "50"), "is not a valid object name"),
+    ):
+        result = run("load", *args, home=tmp_path)
+        assert result.exit_code == 2, (args, result.output)
+        assert message in result.output, (args, result.output)
+
+
+def test_load_without_a_cluster_says_how_to_start_one(tmp_path):
+    result = CliRunner().invoke(cli.main, ["load", "deploy/llm", "80"],
+                                env={"GPULAB_HOME": str(tmp_path), "KUBECONFIG": ""})
+    assert result.exit_code == 1 and "gpulab up" in result.output
+
+
+def test_report_rejects_a_bad_window(tmp_path):
+    result = run("report", "--since", "yesterday", home=tmp_path)
+    assert result.exit_code == 2 and "--since 'yesterday'" in result.output

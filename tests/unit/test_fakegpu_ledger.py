@@ -152,3 +152,17 @@ def test_processes_list_each_program_with_its_memory() -> None:
     [(owner, use, demand, name)] = ledger.processes("GPU-0")
     assert owner == ("a", "train") and use.pool == "GPU-0" and demand.memory_mib == 2048 and name == "torchrun"
     assert ledger.processes("GPU-1") == []
+
+
+def test_set_utilization_changes_only_a_running_program():
+    from gpulab.fakegpu.ledger import Demand, DeviceUse, Ledger
+
+    ledger = Ledger()
+    use = DeviceUse("GPU-a", 81559, 81559, "GPU-a")
+    ledger.start(("u1", "main"), [use], Demand(1024, 0))
+    assert ledger.set_utilization(("u1", "main"), 55) is True
+    assert ledger.gpu_utilization("GPU-a") == 55
+    assert ledger.set_utilization(("u1", "main"), 55) is False
+    assert ledger.set_utilization(("u1", "main"), 250) is True and ledger.gpu_utilization("GPU-a") == 100
+    assert ledger.set_utilization(("nobody", "main"), 10) is False
+    assert ledger.pool_used("GPU-a") == 1024  # memory is untouched

@@ -255,13 +255,18 @@ def test_mig_devices_from_the_hardware_state(node, plugin) -> None:
     assert ("ok", 8192.0) in used
 
 
-def test_dcgm_metrics_name_the_pod_of_an_exclusive_gpu(node, plugin) -> None:
+def run_inference_pod(node, plugin) -> None:
+    """Pod "infer" on one whole GPU, its program using 16 GiB and 75 % of it."""
     plugin()
     eventually(lambda: node.manager.resource_counts() == {"nvidia.com/gpu": (2, 2)})
     p = pod("infer", memory="16Gi")
     p["metadata"]["annotations"]["gpulab.io/gpu-utilization"] = "75"
     node.admit(p)
     node.observe(p, p["spec"]["containers"][0], running=True)
+
+
+def test_dcgm_metrics_name_the_pod_of_an_exclusive_gpu(node, plugin) -> None:
+    run_inference_pod(node, plugin)
     samples = dcgm.parse(dcgm.render(node))
     util = {labels["gpu"]: (v, labels.get("pod")) for name, labels, v in samples if name == "DCGM_FI_DEV_GPU_UTIL"}
     assert sorted(util.values()) == [(0.0, None), (75.0, "infer")]
@@ -273,3 +278,78 @@ def test_dcgm_metrics_name_the_pod_of_an_exclusive_gpu(node, plugin) -> None:
 ])
 def test_cuda_runtime_of_images(image: str, runtime: str | None) -> None:
     assert cuda_runtime_of(image) == runtime
+
+
+def test_the_exporter_page_is_valid_prometheus_text(node, plugin) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    run_inference_pod(node, plugin)
+    families = {f.name: f for f in text_string_to_metric_families(dcgm.render(node))}
+    assert set(families) == {name for name, _, _ in dcgm.FIELDS}
+    assert all(f.type == "gauge" for f in families.values())
+    util = {s.labels["gpu"]: s for s in families["DCGM_FI_DEV_GPU_UTIL"].samples}
+    assert util["0"].value + util["1"].value == 75
+    busy = next(s for s in util.values() if s.value == 75)
+    assert {k: busy.labels[k] for k in ("modelName", "Hostname", "namespace", "pod", "container")} == {
+        "modelName": "NVIDIA H100 80GB HBM3", "Hostname": "gpu-node-1", "namespace": "default", "pod": "infer",
+        "container": "main"}
+    assert busy.labels["UUID"].startswith("GPU-") and busy.labels["device"].startswith("nvidia")
+    fb = {s.labels["gpu"]: s.value for s in families["DCGM_FI_DEV_FB_USED"].samples}
+    assert fb[busy.labels["gpu"]] == 16 * 1024
+    power = {s.labels["gpu"]: s.value for s in families["DCGM_FI_DEV_POWER_USAGE"].samples}
+    temp = {s.labels["gpu"]: s.value for s in families["DCGM_FI_DEV_GPU_TEMP"].samples}
+    idle = "1" if busy.labels["gpu"] == "0" else "0"
+    # Power and temperature rise with load, within the model's limits.
+    assert power[idle] < power[busy.labels["gpu"]] <= node.model.power.limit_w
+    assert temp[idle] < temp[busy.labels["gpu"]]
+
+
+class FixedLoad:
+    """A workload load of ``share`` percent for every pod (what LoadModel works out from the API)."""
+
+    def __init__(self, share: float | None):
+        self.share = share
+
+    def utilization(self, pod: dict) -> float | None:
+        return self.share
+
+
+def _ready(p: dict, ready: bool = True) -> dict:
+    p["status"] = {"conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}
+    return p
+
+
+def test_traffic_sets_the_utilisation_of_ready_replicas(node, plugin) -> None:
+    plugin()
+    eventually(lambda: node.manager.resource_counts() == {"nvidia.com/gpu": (2, 2)})
+    served, starting = _ready(pod("llm-a", memory="16Gi")), _ready(pod("llm-b", memory="16Gi"), ready=False)
+    for p in (served, starting):
+        node.admit(p)
+        node.observe(p, p["spec"]["containers"][0], running=True)
+    pods = {p["metadata"]["uid"]: p for p in (served, starting)}
+
+    def util_of(name: str) -> float:
+        gpu = next(s for s in dcgm.parse(dcgm.render(node)) if s[0] == "DCGM_FI_DEV_GPU_UTIL" and s[1].get("pod") == name)
+        return gpu[2]
+
+    assert node.apply_load(pods, FixedLoad(40)) is True
+    assert util_of("llm-a") == 40 and util_of("llm-b") == 0  # a pod that is not Ready gets no traffic
+    assert node.apply_load(pods, FixedLoad(40)) is False      # nothing changed, nothing rewritten
+    assert node.apply_load(pods, FixedLoad(None)) is True     # the load is gone
+    assert util_of("llm-a") == 0
+
+
+def test_a_pods_own_utilisation_wins_and_idle_holders_start_computing(node, plugin) -> None:
+    plugin()
+    eventually(lambda: node.manager.resource_counts() == {"nvidia.com/gpu": (2, 2)})
+    fixed = _ready(pod("fixed", memory="8Gi"))
+    fixed["metadata"]["annotations"]["gpulab.io/gpu-utilization"] = "10"
+    plain = _ready(pod("plain"))  # declares nothing: holds its GPU, computes nothing
+    for p in (fixed, plain):
+        node.admit(p)
+        node.observe(p, p["spec"]["containers"][0], running=True)
+    node.apply_load({p["metadata"]["uid"]: p for p in (fixed, plain)}, FixedLoad(70))
+    util = {s[1].get("pod"): s[2] for s in dcgm.parse(dcgm.render(node)) if s[0] == "DCGM_FI_DEV_GPU_UTIL"}
+    assert util == {"fixed": 10, "plain": 70}
+    procs = [proc["name"] for g in node.state()["gpus"] for proc in g["processes"]]
+    assert sorted(procs) == ["python3", "python3"]

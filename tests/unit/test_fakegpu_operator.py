@@ -158,9 +158,9 @@ def test_the_crd_is_nvidias_api_with_the_state_column() -> None:
 
 
 def test_the_install_manifests_are_what_the_chart_installs() -> None:
-    kinds = [(d["kind"], d["metadata"]["name"]) for d in operator._documents()]
+    kinds = [(d["kind"], d["metadata"]["name"]) for d in operator.manifest_documents()]
     assert kinds == [("Namespace", "gpu-operator"), ("CustomResourceDefinition", "clusterpolicies.nvidia.com"),
                      ("ServiceAccount", "gpu-operator"), ("Deployment", "gpu-operator"),
                      ("ClusterPolicy", "cluster-policy")]
-    deployment = next(d for d in operator._documents() if d["kind"] == "Deployment")
+    deployment = next(d for d in operator.manifest_documents() if d["kind"] == "Deployment")
     assert deployment["spec"]["template"]["spec"]["containers"][0]["image"] == "nvcr.io/nvidia/gpu-operator:v25.3.0"

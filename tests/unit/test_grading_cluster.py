@@ -13,7 +13,9 @@ from gpulab.grading.checks import CheckLoadError
 from gpulab.grading.cluster import (
     POD_LOG,
     ClusterCollector,
+    ClusterSandbox,
     ClusterState,
+    LabEnv,
     LabSpec,
     delete_leftovers,
     gpu_usage,
@@ -104,6 +106,81 @@ def test_cluster_rules_without_cluster_wide_are_refused():
     module.CLUSTER_WIDE, module.NAMESPACES = True, ("Team_A",)
     with pytest.raises(CheckLoadError, match="short DNS label"):
         LabSpec.from_module(module)
+
+
+def test_setup_and_teardown_hooks_are_read_and_need_cluster_wide():
+    module = types.ModuleType("gpulab_fake_lab_09")
+    module.LAB, module.SETUP, module.TEARDOWN = "09-hooks", (lambda env: []), (lambda env: None)
+    with pytest.raises(CheckLoadError, match="SETUP/TEARDOWN need CLUSTER_WIDE"):
+        LabSpec.from_module(module)
+    module.CLUSTER_WIDE = True
+    spec = LabSpec.from_module(module)
+    assert spec.setup is module.SETUP and spec.teardown is module.TEARDOWN
+    assert spec == LabSpec.from_module(module)  # hooks take no part in equality
+    module.SETUP = "break it"
+    with pytest.raises(CheckLoadError, match="SETUP must be a function"):
+        LabSpec.from_module(module)
+    lab02 = load_lab_spec("02")
+    assert lab02.cluster_wide and lab02.setup is not None and lab02.teardown is not None
+
+
+def _hooked_sandbox(monkeypatch, setup, teardown, calls):
+    spec = LabSpec("09-hooks", "09", cluster_wide=True, setup=setup, teardown=teardown)
+    client = FakeClient([node("gpu-node-1", gpus=2)])
+    sandbox = ClusterSandbox(client, None, "https://127.0.0.1:1", spec)
+    for piece in ("_ensure_cluster_roles", "_check_gpus"):
+        monkeypatch.setattr(sandbox, piece, lambda *a: None)
+    monkeypatch.setattr(sandbox, "_fresh_namespace", lambda ns, learner: client.create(
+        {"kind": "Namespace", "metadata": {"name": ns}}))
+    monkeypatch.setattr(sandbox, "_bind_namespace", lambda ns, user: None)
+    monkeypatch.setattr(sandbox, "_write_kubeconfig", lambda ns, user, path: calls.append(("kubeconfig", ns)))
+    return sandbox, client
+
+
+def test_setup_runs_last_in_prepare_and_its_objects_reach_the_collector_only(monkeypatch):
+    calls = []
+
+    def setup(env):
+        assert isinstance(env, LabEnv) and env.namespace == "grade-09-amy" and env.learner == "amy"
+        calls.append(("setup", env.namespace))
+        taint = {"key": "nvidia.com/gpu", "effect": "NoSchedule"}
+        env.client.patch("Node", "gpu-node-1", {"spec": {"taints": [taint]}})
+        return [{"kind": "InjectedFault", "metadata": {"name": "gpu-node-1"}, "layer": "driver"}]
+
+    sandbox, client = _hooked_sandbox(monkeypatch, setup, lambda env: calls.append(("teardown", env.namespace)),
+                                      calls)
+    sandbox.prepare("grade-09-amy", "amy")
+    assert calls == [("setup", "grade-09-amy"), ("kubeconfig", "grade-09-amy")]
+    found = ClusterCollector(client, sandbox.spec, cluster_kinds=(), extra=sandbox.injected).collect("grade-09-amy")
+    assert found["InjectedFault"] == [{"kind": "InjectedFault", "metadata": {"name": "gpu-node-1"}, "layer": "driver"}]
+    sandbox.release("grade-09-amy")
+    assert calls[-1] == ("teardown", "grade-09-amy")
+    assert sandbox.injected("grade-09-amy") == {}
+    # The hook's taint is undone with the rest of the cluster-wide state.
+    assert client.get("Node", "gpu-node-1")["spec"].get("taints") is None
+    assert client.get("Namespace", "grade-09-amy") is None
+
+
+def test_teardown_runs_when_setup_fails_and_release_finishes_when_teardown_fails(monkeypatch):
+    calls = []
+
+    def broken_setup(env):
+        calls.append("setup")
+        raise RuntimeError("fault injection timed out")
+
+    sandbox, client = _hooked_sandbox(monkeypatch, broken_setup, lambda env: calls.append("teardown"), calls)
+    with pytest.raises(RuntimeError, match="timed out"):
+        sandbox.prepare("grade-09-amy", "amy")
+    assert calls == ["setup", "teardown"] and client.get("Namespace", "grade-09-amy") is None
+
+    def broken_teardown(env):
+        raise RuntimeError("repair timed out")
+
+    sandbox, client = _hooked_sandbox(monkeypatch, lambda env: None, broken_teardown, calls)
+    sandbox.prepare("grade-09-bo", "bo")
+    with pytest.raises(RuntimeError, match="repair timed out"):
+        sandbox.release("grade-09-bo")
+    assert client.get("Namespace", "grade-09-bo") is None
 
 
 def test_learner_identities_fit_a_certificate_and_namespaces_fit_their_suffixes():

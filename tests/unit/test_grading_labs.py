@@ -10,7 +10,7 @@ import pytest
 
 from gpulab.grading.checks import Context, load_hidden_checks, load_lab_checks
 from gpulab.grading.cluster import load_lab_spec
-from gpulab.grading.labs import lab_01, lab_03, lab_05, lab_07
+from gpulab.grading.labs import lab_01, lab_02, lab_03, lab_05, lab_07, lab_08
 from gpulab.grading.labsource import check_drift
 
 REPO = Path(__file__).resolve().parents[2]
@@ -23,7 +23,8 @@ def test_labs_are_generated_from_solutions():
 
 
 def test_lab_numbering_leaves_room_for_the_gpu_stack_labs():
-    assert LABS == ["01-gpu-pod-spec", "03-taints-tolerations", "05-training-job", "07-quota-priority"]
+    assert LABS == ["01-gpu-pod-spec", "02-layered-verification", "03-taints-tolerations", "04-sharing",
+                    "05-training-job", "06-inference-sizing", "07-quota-priority", "08-troubleshooting"]
 
 
 @pytest.mark.parametrize("lab", LABS)
@@ -33,7 +34,7 @@ def test_each_lab_has_a_parameters_cell_checks_and_answer_regions(lab):
     params = [c for c in generated.cells if "parameters" in (c.metadata.get("tags") or [])]
     assert len(params) == 1
     assigned = set(re.findall(r"^(\w+) = ", params[0].source, re.M))
-    assert assigned == {"namespace", "results_path"}
+    assert assigned == {"namespace", "results_path", *load_lab_spec(lab).parameters}  # PARAMETERS: the grader's
     assert sum("BEGIN SOLUTION" in c.source for c in solution.cells) >= 3
     assert not any("BEGIN SOLUTION" in c.source for c in generated.cells)
     # The cleanup cell runs by hand only: the grader collects what the notebook leaves behind.
@@ -163,13 +164,123 @@ def test_lab07_quota_must_be_metered_and_whole_cards():
     assert "里没有 ResourceQuota" in lab_07.quota_team_a(Context.from_objects([], namespace="g")).message
 
 
+# --------------------------------------------------------------------------- lab 02
+
+
+def _node02(name, allocatable, count=2, present=True):
+    labels = {"nvidia.com/gpu.present": "true", "nvidia.com/gpu.count": str(count)} if present else {}
+    return {"kind": "Node", "metadata": {"name": name, "labels": labels},
+            "status": {"capacity": {"nvidia.com/gpu": str(count)} if present else {},
+                       "allocatable": {"nvidia.com/gpu": str(allocatable)} if present else {}}}
+
+
+def _fault02(layer, node="gpu-node-1"):
+    return {"kind": "InjectedFault", "metadata": {"name": node}, "node": node, "layer": layer}
+
+
+def test_lab02_scenarios_are_fixed_per_namespace_and_cover_every_layer():
+    nodes = {"gpu-node-1": 2, "gpu-node-2": 8}
+    picked = {lab_02.scenario(f"grade-02-l{i}", nodes) for i in range(40)}
+    assert {layer for _, layer, _ in picked} == set(lab_02.LAYERS)
+    assert {node for node, _, _ in picked} == set(nodes)
+    assert all((gpu is None) == (layer != "gpu") and (gpu is None or 0 <= gpu < nodes[node])
+               for node, layer, gpu in picked)
+    assert lab_02.scenario("grade-02-amy", nodes) == lab_02.scenario("grade-02-amy", nodes)
+    assert {node for node, layer, _ in picked if layer == "container-toolkit"} == {"gpu-node-1"}
+
+
+def test_lab02_counts_come_from_allocatable_not_labels():
+    objects = [_node02("gpu-node-1", 0), _node02("cpu-node-1", 0, present=False), _fault02("device-plugin")]
+
+    def run(check, **values):
+        return check(Context.from_objects(objects, values=values, namespace="ns"))
+
+    assert run(lab_02.gpu_node_count, gpu_node_count=0).passed
+    assert "带 GPU 标签的节点数一样" in run(lab_02.gpu_node_count, gpu_node_count=1).message
+    assert run(lab_02.gpu_per_node, gpu_nodes={}).passed
+    assert "应该是一个字典" in run(lab_02.gpu_per_node, gpu_nodes=None).message  # the lab's placeholder
+    assert "GFD 标签" in run(lab_02.gpu_per_node, gpu_nodes={"gpu-node-1": 2}).message
+    objects[0] = _node02("gpu-node-1", 1)
+    assert run(lab_02.gpu_per_node, gpu_nodes={"gpu-node-1": 1}).passed
+    assert run(lab_02.gpu_per_node, gpu_nodes={"gpu-node-1": "1"}).passed
+
+
+@pytest.mark.parametrize("layer, text, fraction", [
+    ("driver", "E1202 main.go:356] error initializing NVML: Driver Not Loaded", 1),
+    ("driver", "CrashLoopBackOff", 1 / 3),  # the device plugin's state: true, but another layer's evidence
+    ("device-plugin", "E1202 main.go:356] error starting plugins: the device plugin is held down", 1),
+    ("container-toolkit", "No devices were found", 1),
+    ("gpu", "XidCriticalError: Xid=79 on Device=GPU-1; marking device as unhealthy.", 1),
+    ("gpu", '0/3 nodes are available: 3 Insufficient nvidia.com/gpu.', 1 / 3),
+    ("container-toolkit", "looks fine to me", 0),
+])
+def test_lab02_evidence_must_come_from_the_broken_layer(layer, text, fraction):
+    ctx = Context.from_objects([_fault02(layer)], values={"evidence": text})
+    assert lab_02.evidence(ctx).fraction == pytest.approx(fraction)
+
+
+def test_lab02_layer_hints_never_name_the_broken_layer():
+    for (said, truth), _ in lab_02._LAYER_HINTS.items():
+        message = lab_02.broken_layer(Context.from_objects([_fault02(truth)], values={"broken_layer": said})).message
+        assert truth not in message and lab_02.LAYER_NAMES[truth] not in message
+    assert "之一" in lab_02.broken_layer(Context.from_objects([_fault02("gpu")], values={"broken_layer": "GPU"})).message
+
+
+# --------------------------------------------------------------------------- lab 08
+
+
+def test_lab08_cause_hints_never_name_the_cause():
+    for pod, truth in lab_08.TRUTH.items():
+        for wrong in lab_08.CAUSES:
+            if wrong == truth:
+                continue
+            result = lab_08._cause_check(Context({"causes": {pod: wrong}}), pod)
+            assert result.fraction == 0 and truth not in result.message, (pod, wrong)
+
+
+def _infer_fixed(image, phase="Succeeded", gpus=1):
+    return {"kind": "Pod", "metadata": {"name": "infer-fixed", "namespace": "ns",
+                                        "annotations": {"gpulab.io/gpu-memory": "16Gi"}},
+            "spec": {"tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+                     "containers": [{"name": "infer", "image": image,
+                                     "command": ["sh", "-c", "sleep 1; echo model loaded"],
+                                     "resources": {"limits": {"nvidia.com/gpu": gpus}}}]},
+            "status": {"phase": phase}}
+
+
+def test_lab08_infer_fix_compares_the_images_cuda_with_the_drivers():
+    node = {"kind": "Node", "metadata": {"name": "gpu-node-1", "labels": {lab_08.CUDA_LABEL: "13.0"}}}
+    log = {"kind": "PodLog", "metadata": {"name": "infer-fixed", "namespace": "ns"}, "log": "model loaded\n"}
+
+    def result(pod, *extra):
+        return lab_08.fix_infer(Context.from_objects([node, pod, *extra], namespace="ns"))
+
+    assert result(_infer_fixed("nvcr.io/nvidia/cuda:12.6.2-base-ubuntu24.04"), log).passed
+    assert result(_infer_fixed("nvcr.io/nvidia/cuda:13.0.1-base-ubuntu24.04"), log).passed
+    too_new = result(_infer_fixed("nvcr.io/nvidia/cuda:13.1.0-base-ubuntu24.04", phase="Failed"))
+    assert too_new.fraction == pytest.approx(1 / 3) and "仍然比节点驱动支持的 CUDA 版本新" in too_new.message
+    assert "看不出 CUDA 版本" in result(_infer_fixed("nvcr.io/nvidia/cuda:latest"), log).message
+    assert "1 张卡" in result(_infer_fixed("nvcr.io/nvidia/cuda:12.6.2-base-ubuntu24.04", gpus=2), log).message
+
+
+def test_lab08_explanations_credit_concepts_in_either_language():
+    def score(pod, text):
+        return lab_08._explain(Context({"explanations": {pod: text}}), pod).fraction
+
+    assert score("train", "One GPU hit Xid 79; the device plugin reports it unhealthy, so allocatable is 1.") == 1
+    assert score("train", "有张卡坏了，所以卡不够用。") == pytest.approx(1 / 3)
+    assert score("infer", "The image's CUDA runtime is newer than the driver version supports.") == 1
+    assert score("dev-notebook", "节点有污点，Pod 没有容忍。") == pytest.approx(2 / 3)
+    assert score("dev-notebook", "不知道") == 0
+
+
 def test_cli_reports_lab_drift(tmp_path, monkeypatch):
     from click.testing import CliRunner
 
     from gpulab import cli, paths
 
     ok = CliRunner().invoke(cli.main, ["labs", "check"])
-    assert ok.exit_code == 0 and "labs/ matches solutions/ (4 labs)" in ok.output
+    assert ok.exit_code == 0 and f"labs/ matches solutions/ ({len(LABS)} labs)" in ok.output
     # A checkout whose lab was edited by hand: `labs check` names it and fails.
     root = tmp_path / "repo"
     (root / "labs").mkdir(parents=True)

@@ -1,0 +1,73 @@
+"""Which backend runs "the cluster", chosen once and remembered in ``GPULAB_HOME``.
+
+``gpulab up --backend kind|embedded`` writes the choice to ``$GPULAB_HOME/backend``;
+every later command, notebook, lab and check gets the cluster (and its
+kubeconfig) from :func:`current` / :func:`kubeconfig`, so none of them
+assumes a backend. Without a remembered choice the backend is ``embedded``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from .. import paths
+
+BACKENDS = ("embedded", "kind")
+DEFAULT = "embedded"
+
+
+class BackendError(ValueError):
+    """An unknown backend name (in a flag or in the remembered file)."""
+
+
+def _choice_file() -> Path:
+    return paths.home() / "backend"
+
+
+def _check(name: str, where: str) -> str:
+    if name not in BACKENDS:
+        raise BackendError(f"{where}: unknown backend {name!r}; allowed: {', '.join(BACKENDS)}")
+    return name
+
+
+def chosen() -> str:
+    """The remembered backend, or ``embedded`` when none was chosen yet."""
+    try:
+        text = _choice_file().read_text().strip()
+    except FileNotFoundError:
+        return DEFAULT
+    return _check(text, str(_choice_file())) if text else DEFAULT
+
+
+def choose(name: str) -> str:
+    """Remember ``name`` as this GPULAB_HOME's backend."""
+    _check(name, "--backend")
+    path = _choice_file()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(name + "\n")
+    os.replace(tmp, path)
+    return name
+
+
+def forget() -> None:
+    _choice_file().unlink(missing_ok=True)
+
+
+def current(name: str | None = None) -> Any:
+    """The cluster object of ``name`` (default: the chosen backend)."""
+    name = _check(name, "backend") if name else chosen()
+    if name == "kind":
+        from .kind import KindCluster
+
+        return KindCluster()
+    from .embedded import EmbeddedCluster
+
+    return EmbeddedCluster()
+
+
+def kubeconfig() -> Path:
+    """The admin kubeconfig of the chosen backend's cluster (it may not exist yet)."""
+    return current().kubeconfig

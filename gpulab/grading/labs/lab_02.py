@@ -1,0 +1,377 @@
+"""Checks for ``labs/02-layered-verification.ipynb`` (the chapter's exercise 1, both halves).
+
+Before each run the grader breaks ONE layer of one GPU node's GPU stack
+(``SETUP``, :func:`break_one_layer`) and puts it back afterwards, whatever the
+run did (``TEARDOWN``, :func:`repair`). Which layer depends on the run's
+namespace, so ``gpulab check`` and ``gpulab grade`` (``check-02-…`` and
+``grade-02-…``) usually break different ones, and the notebook must diagnose
+rather than know. The layers, bottom up, and the fault that breaks each:
+
+=====================  ========================  ==========================================
+layer                  fault (gpulab.fakegpu)    what the cluster shows
+=====================  ========================  ==========================================
+``gpu``                ``gpu-unhealthy``         Xid 79 in the device plugin's log;
+                                                 allocatable one card below capacity
+``driver``             ``driver-unreachable``    device plugin *and* GFD crash:
+                                                 ``Driver Not Loaded``; allocatable 0
+``container-toolkit``  ``no-devices``            node looks healthy; a test pod's
+                                                 nvidia-smi says ``No devices were found``
+``device-plugin``      ``device-plugin-down``    only the device plugin crash-loops
+                                                 (``error starting plugins``); allocatable 0
+=====================  ========================  ==========================================
+
+The notebook records ``gpu_nodes`` / ``gpu_node_count`` (from allocatable, as
+the cluster is while broken), ``broken_node``, ``broken_layer`` and
+``evidence`` (the output line that shows it), and leaves its test Pod
+``gpu-check`` (the chapter's ``nvidia-smi`` pod) behind. What was broken
+reaches the checks as an ``InjectedFault`` object, never the notebook.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from gpulab.grading.checks import Context, check, containers, dig, failed, partial, passed, quantity_int, ratio
+
+LAB = "02-layered-verification"
+CLUSTER_WIDE = True
+# Layered verification reads the GPU Operator's pods and their logs: read-only, cluster-wide.
+CLUSTER_RULES = (
+    {"apiGroups": [""], "resources": ["pods", "pods/log", "events"], "verbs": ["get", "list", "watch"]},
+    {"apiGroups": ["apps"], "resources": ["daemonsets"], "verbs": ["get", "list", "watch"]},
+    {"apiGroups": ["nvidia.com"], "resources": ["clusterpolicies"], "verbs": ["get", "list", "watch"]},
+)
+GPUS_FREE = 2
+LOGS = True
+CELL_TIMEOUT = 60
+TIMEOUT = 150
+
+GPU = "nvidia.com/gpu"
+OPERATOR_NS = "gpu-operator"
+INJECTED = "InjectedFault"
+PLUGIN_APP, GFD_APP = "nvidia-device-plugin-daemonset", "gpu-feature-discovery"
+TEST_POD = "gpu-check"
+
+#: layer -> the fault that breaks it (gpulab.fakegpu.faults kinds), bottom up.
+LAYERS = {
+    "gpu": "gpu-unhealthy",
+    "driver": "driver-unreachable",
+    "container-toolkit": "no-devices",
+    "device-plugin": "device-plugin-down",
+}
+LAYER_NAMES = {"gpu": "卡本身（硬件）", "driver": "宿主机驱动", "container-toolkit": "容器运行时 / container toolkit",
+               "device-plugin": "device plugin"}
+
+#: Output that shows a layer broken, as the cluster prints it; and output that only shows the symptom.
+EVIDENCE = {
+    "gpu": ("Xid", "unhealthy"),
+    "driver": ("Driver Not Loaded", "couldn't communicate with the NVIDIA driver"),
+    "container-toolkit": ("No devices were found", "no CUDA-capable device is detected"),
+    "device-plugin": ("error starting plugins", "CrashLoopBackOff"),
+}
+SYMPTOMS = ("Insufficient nvidia.com/gpu", "allocatable", "Allocatable", '"nvidia.com/gpu": "0"', "nvidia.com/gpu: 0")
+
+
+# --------------------------------------------------------------------------- breaking and repairing the cluster
+
+
+def _sandbox_error(what: str) -> Exception:
+    from gpulab.grading.cluster import SandboxError
+
+    return SandboxError(what)
+
+
+def gpu_nodes_of(cluster_root) -> dict[str, int]:
+    """GPU node name -> card count, from the cluster's topology."""
+    from gpulab.cluster.embedded import EmbeddedCluster
+
+    if cluster_root is None or not (Path(cluster_root) / "nodes").is_dir():
+        raise _sandbox_error(f"lab {LAB} breaks simulated GPU nodes (gpulab fault), which only the embedded backend "
+                             f"has: grade it on a cluster from `gpulab up --backend embedded`")
+    return {n.name: n.gpu_count for n in EmbeddedCluster(cluster_root).topology().gpu_nodes}
+
+
+def scenario(namespace: str, nodes: Mapping[str, int]) -> tuple[str, str, int | None]:
+    """(node, layer, GPU index) broken for the run in ``namespace``: fixed per namespace, spread over layers."""
+    if not nodes:
+        raise _sandbox_error(f"lab {LAB} needs a GPU node; this cluster's topology has none")
+    digest = int(hashlib.sha256(f"{LAB}/{namespace}".encode()).hexdigest(), 16)
+    names = sorted(nodes)
+    node = names[digest % len(names)]
+    layer = list(LAYERS)[(digest // len(names)) % len(LAYERS)]
+    if layer == "container-toolkit":
+        # Nothing on the Node objects tells this one apart: the notebook tests the first GPU node.
+        node = names[0]
+    gpu = (digest // 97) % nodes[node] if layer == "gpu" else None
+    return node, layer, gpu
+
+
+def _wait(fn, timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = fn()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise _sandbox_error(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(0.1)
+
+
+def _gpu_resources(client, node: str) -> tuple[int, int]:
+    status = (client.get("Node", node) or {}).get("status") or {}
+    return (quantity_int((status.get("capacity") or {}).get(GPU)) or 0,
+            quantity_int((status.get("allocatable") or {}).get(GPU)) or 0)
+
+
+def _operand(client, node: str, app: str) -> dict | None:
+    pods = [p for p in client.list("Pod", OPERATOR_NS, label_selector=f"app={app}",
+                                   field_selector=f"spec.nodeName={node}")
+            if not p["metadata"].get("deletionTimestamp")]
+    return pods[0] if pods else None
+
+
+def _crashed(pod: dict | None) -> bool:
+    statuses = dig(pod, "status", "containerStatuses", default=[]) or []
+    return bool(statuses) and all(not s.get("ready") and (s.get("restartCount") or 0) >= 1 for s in statuses)
+
+
+def _resources_whole(client, nodes: Mapping[str, int]) -> bool:
+    for name in nodes:
+        status = (client.get("Node", name) or {}).get("status") or {}
+        cap, alloc = status.get("capacity") or {}, status.get("allocatable") or {}
+        gpu_keys = [k for k in cap if k.startswith("nvidia.com/")]
+        # Renamed resources (time-slicing, MIG) may linger at 0 next to the new ones; one must have cards.
+        if any(str(cap[k]) != str(alloc.get(k)) for k in gpu_keys) or all(str(cap[k]) in ("", "0") for k in gpu_keys):
+            return False
+    return True
+
+
+def set_faults(client, cluster_root, node: str, wanted: Iterable[tuple[str, int | None]]) -> None:
+    """Set faults on ``node`` (after clearing every GPU node) and wait until the node agent applies them."""
+    from gpulab.fakegpu import faults
+
+    nodes = gpu_nodes_of(cluster_root)
+    faults.clear(cluster_root, sorted(nodes))
+    for kind, gpu in wanted:
+        faults.inject(cluster_root, nodes, node, kind, gpu)
+    if not faults.wait_applied(cluster_root, node, timeout=15):
+        raise _sandbox_error(f"the node agent did not apply the faults on {node}; is the cluster up?")
+
+
+def repair(env, timeout: float = 90) -> None:
+    """``TEARDOWN``: no faults on any GPU node, crashed operands replaced, the stack ready, every card allocatable.
+
+    Also clears faults left by an interrupted earlier run; a lab graded here
+    expects healthy GPUs (as ``NODE_TAINTS`` expects the topology's taints).
+    """
+    from gpulab.fakegpu import faults, operator
+
+    client, root = env.client, env.cluster_root
+    nodes = gpu_nodes_of(root)
+    for name, _ in faults.clear(root, sorted(nodes)):
+        faults.wait_applied(root, name, timeout=15)
+    # A crash-looping pod waits out its back-off before it starts again; a deleted one is replaced at once.
+    for pod in client.list("Pod", OPERATOR_NS):
+        if dig(pod, "spec", "nodeName") in nodes and _crashed(pod):
+            client.delete("Pod", pod["metadata"]["name"], OPERATOR_NS, grace_seconds=0)
+    _wait(lambda: _resources_whole(client, nodes), timeout, "every GPU allocatable again")
+    _wait(lambda: operator.stack_ready(client) is None, timeout,
+          f"the GPU stack to be ready again ({operator.stack_ready(client)})")
+
+
+def break_one_layer(env) -> list[dict[str, Any]]:
+    """``SETUP``: break the layer :func:`scenario` picks for this run; wait until the cluster shows it."""
+    repair(env)
+    nodes = gpu_nodes_of(env.cluster_root)
+    node, layer, gpu = scenario(env.namespace, nodes)
+    set_faults(env.client, env.cluster_root, node, [(LAYERS[layer], gpu)])
+    client, count = env.client, nodes[node]
+    if layer in ("driver", "device-plugin"):
+        _wait(lambda: _gpu_resources(client, node)[1] == 0, 30, f"{GPU} on {node} to drop to 0")
+        _wait(lambda: _crashed(_operand(client, node, PLUGIN_APP)), 30, f"the device plugin on {node} to crash")
+    if layer == "driver":
+        _wait(lambda: _crashed(_operand(client, node, GFD_APP)), 30, f"GFD on {node} to crash")
+    if layer == "gpu":
+        _wait(lambda: _gpu_resources(client, node)[1] == count - 1, 30, f"{GPU} on {node} to drop by one")
+    return [{"kind": INJECTED, "apiVersion": "gpulab.io/v1", "metadata": {"name": node},
+             "node": node, "layer": layer, "faults": [{"kind": LAYERS[layer], "gpu": gpu}]}]
+
+
+def _local_env():
+    from gpulab.cluster import api
+    from gpulab.cluster.embedded import EmbeddedCluster
+    from gpulab.grading.cluster import LabEnv
+
+    cluster = EmbeddedCluster()
+    return LabEnv(api.Client(cluster.kubeconfig), cluster.root, f"practice-{time.time_ns()}", "practice")
+
+
+def practice_break() -> None:
+    """By hand (not graded): break a random layer of the local cluster, and don't say which."""
+    env = _local_env()
+    break_one_layer(env)
+    print("已经随机弄坏了 GPU 栈里的一层（不告诉你是哪一层）。做完后运行最后的清理单元格把它修好。")
+
+
+def practice_repair() -> None:
+    """By hand: undo :func:`practice_break` (every GPU fault cleared, the stack ready again)."""
+    repair(_local_env())
+    print("GPU 栈已恢复：没有故障，所有卡都在 allocatable 里。")
+
+
+# --------------------------------------------------------------------------- checks
+
+
+def injected(ctx: Context) -> dict | None:
+    found = ctx.objects(INJECTED)
+    return found[0] if found else None
+
+
+def allocatable_gpus(ctx: Context) -> dict[str, int]:
+    """Nodes with ``nvidia.com/gpu`` > 0 in allocatable, as the grader captured them (still broken)."""
+    found = {}
+    for node in ctx.objects("Node"):
+        count = quantity_int(dig(node, "status", "allocatable", GPU))
+        if count:
+            found[node["metadata"]["name"]] = count
+    return found
+
+
+def labelled_gpus(ctx: Context) -> dict[str, int]:
+    """What GFD's labels claim: nodes with ``nvidia.com/gpu.present=true`` and their ``gpu.count``."""
+    found = {}
+    for node in ctx.objects("Node"):
+        labels = node["metadata"].get("labels") or {}
+        if labels.get("nvidia.com/gpu.present") == "true":
+            found[node["metadata"]["name"]] = quantity_int(labels.get("nvidia.com/gpu.count")) or 0
+    return found
+
+
+def _no_fault():
+    return failed("评分时没有找到评分器注入的故障记录，无法核对；请联系讲师。")
+
+
+@check("gpu-node-count", points=1, title="数出上报了 nvidia.com/gpu 的节点个数")
+def gpu_node_count(ctx: Context):
+    answer = ctx.value("gpu_node_count")
+    if isinstance(answer, bool) or not isinstance(answer, int):
+        return failed("gpu_node_count 应该是一个整数。")
+    truth = allocatable_gpus(ctx)
+    if answer == len(truth):
+        return passed()
+    if answer == len(labelled_gpus(ctx)):
+        return failed("这个数和带 GPU 标签的节点数一样，但和 allocatable 对不上：标签说的是「有卡」，"
+                      "调度器能用的只看 allocatable。")
+    return failed("和评分时各节点 allocatable 里 nvidia.com/gpu 大于 0 的节点个数对不上。")
+
+
+@check("gpu-per-node", points=2, title="每台节点在 allocatable 里上报了几张卡")
+def gpu_per_node(ctx: Context):
+    answer = ctx.value("gpu_nodes")
+    if not isinstance(answer, dict):
+        return failed("gpu_nodes 应该是一个字典：节点名 → 卡数。")
+    truth = allocatable_gpus(ctx)
+    if not answer:
+        return passed() if not truth else failed("gpu_nodes 是空的，但评分时有节点在 allocatable 里上报了 GPU。")
+    counts = {k: quantity_int(v) for k, v in answer.items()}
+    if counts == truth:
+        return passed()
+    if counts == {k: v for k, v in labelled_gpus(ctx).items() if v}:
+        return failed("gpu_nodes 和 GFD 标签 nvidia.com/gpu.count 一致，但和 allocatable 不一致："
+                      "坏掉的卡、没上报的卡，标签上看不出来。")
+    wrong = sorted(set(counts) ^ set(truth)) or sorted(k for k in counts if counts[k] != truth.get(k))
+    return failed(f"gpu_nodes 里 {', '.join(wrong)} 的情况和评分时的 allocatable 对不上"
+                  "（只算 allocatable 里 nvidia.com/gpu 大于 0 的节点，卡数用整数）。")
+
+
+@check("broken-node", points=1, title="找出 GPU 栈坏了的节点")
+def broken_node(ctx: Context):
+    fault = injected(ctx)
+    if fault is None:
+        return _no_fault()
+    answer = ctx.value("broken_node")
+    if not isinstance(answer, str) or not answer:
+        return failed("broken_node 应该是一个节点名。")
+    if answer == fault["node"]:
+        return passed()
+    if answer not in labelled_gpus(ctx):
+        return failed(f"{answer} 上根本没有卡（没有 GFD 的 nvidia.com/gpu.present 标签）：要查的是「有卡但用不上」的节点。")
+    return failed(f"{answer} 不是坏掉的那台：比较每台 GPU 节点的标签、capacity 和 allocatable，再看测试 Pod 在哪台上出的问题。")
+
+
+@check("test-pod", points=2, title="用测试 Pod 在可疑节点上跑 nvidia-smi")
+def test_pod(ctx: Context):
+    pod = ctx.require("Pod", TEST_POD, ctx.namespace)
+    fault = injected(ctx)
+    problems, score = [], 0
+    main = containers(pod)
+    if any("nvidia-smi" in " ".join((c.get("command") or []) + (c.get("args") or [])) for c in main):
+        score += 1
+    else:
+        problems.append("gpu-check 没有运行 nvidia-smi：它是最后一步「容器里真的能用卡吗」的检验")
+    limits = [quantity_int(dig(c, "resources", "limits", GPU)) for c in main]
+    requests = [dig(c, "resources", "requests", GPU) for c in main]
+    if sum(x or 0 for x in limits) == 1 and all(r is None or quantity_int(r) == l for r, l in zip(requests, limits)):
+        score += 1
+    else:
+        problems.append("gpu-check 要在 limits 里申请正好 1 张 nvidia.com/gpu：不申请就分不到卡，容器里自然看不到卡")
+    target = dig(pod, "spec", "nodeName") or dig(pod, "spec", "nodeSelector", "kubernetes.io/hostname")
+    if fault is not None and target == fault["node"]:
+        score += 1
+    else:
+        problems.append("gpu-check 没有被固定到坏掉的那台节点上（nodeSelector 里的 kubernetes.io/hostname）")
+    return ratio(score, 3, problems)
+
+
+_LAYER_HINTS = {
+    # (what the learner said, what was broken) -> a hint that points at the evidence, not at the answer
+    ("device-plugin", "driver"): "device plugin 确实没起来，但同一台节点上别的组件呢？看看它们的日志里，"
+                                 "大家是不是因为同一个更底层的原因失败的。",
+    ("driver", "device-plugin"): "驱动坏了的话，凡是要用 NVML 的组件都会失败；这台节点上是所有组件都失败了吗？",
+    ("device-plugin", "gpu"): "device plugin 还在运行、也在上报资源，只是少报了：它的日志里说了哪张卡怎么了？",
+    ("gpu", "device-plugin"): "少掉的是一张卡，还是全部？比较 capacity 和 allocatable，再看负责上报资源的那个组件自己还在不在运行。",
+    ("container-toolkit", "device-plugin"): "测试 Pod 有没有被调度、分到卡？分不到卡时问题还在容器之前。",
+    ("device-plugin", "container-toolkit"): "allocatable 一张不少，调度也没问题：卡分到了，为什么容器里看不见？",
+}
+
+
+@check("broken-layer", points=4, title="找出坏掉的是哪一层")
+def broken_layer(ctx: Context):
+    fault = injected(ctx)
+    if fault is None:
+        return _no_fault()
+    answer = ctx.value("broken_layer")
+    if answer not in LAYERS:
+        return failed(f"broken_layer 应该是 {', '.join(LAYERS)} 之一。")
+    truth = fault["layer"]
+    if answer == truth:
+        return passed()
+    hint = _LAYER_HINTS.get((answer, truth), "从最底层往上逐层核对：每一层正常时该是什么样子，哪一层最先不对？")
+    return failed(f"坏的不是「{LAYER_NAMES[answer]}」这一层。{hint}")
+
+
+@check("evidence", points=3, title="记下能证明这一层坏了的输出")
+def evidence(ctx: Context):
+    fault = injected(ctx)
+    if fault is None:
+        return _no_fault()
+    text = ctx.value("evidence")
+    if not isinstance(text, str) or not text.strip():
+        return failed("evidence 应该是一段命令输出的原文（日志或 nvidia-smi 打印的那一行）。")
+    truth = fault["layer"]
+    if any(s in text for s in EVIDENCE[truth]):
+        return passed()
+    if any(s in text for s in (s for layer, sigs in EVIDENCE.items() if layer != truth for s in sigs)):
+        return partial(1 / 3, "这段输出说明的是另一层的问题，和坏掉的那一层对不上。")
+    if any(s in text for s in SYMPTOMS):
+        return partial(1 / 3, "这段输出只说明「卡用不上」这个现象，没有说明是哪一层造成的："
+                              "记下那一层自己报出的错误原文（日志、nvidia-smi 的输出）。")
+    return failed("evidence 里没有能说明哪一层出了问题的输出：直接从日志或 nvidia-smi 的输出里取原文。")
+
+
+SETUP = break_one_layer
+TEARDOWN = repair

@@ -1,0 +1,287 @@
+"""Checks for ``labs/08-troubleshooting.ipynb``: three GPU symptoms, their causes, the fixes a user can make.
+
+Before each run the grader (``SETUP``, :func:`break_for_troubleshooting`)
+breaks every GPU node the way a bad day does: one card falls off the bus
+(``gpu-unhealthy``; which one depends on the run) and an admin has tainted the
+node ``nvidia.com/gpu=true:NoSchedule``. ``TEARDOWN`` (:func:`repair`) takes
+both back, whatever the run did. The notebook applies three teammates' Pods
+(``manifests/labs/08-troubleshooting/``):
+
+- ``train`` (2 GPUs, tolerates the taint): Pending, ``Insufficient nvidia.com/gpu``
+  — allocatable is one card short of capacity (an unhealthy GPU); nothing a user can fix;
+- ``infer`` (1 GPU, tolerates the taint, a CUDA 13.1 image on a driver that
+  supports CUDA 13.0): fails with ``CUDA driver version is insufficient for
+  CUDA runtime version`` — the image is ahead of the driver; fixable by an
+  image whose CUDA runtime the driver supports (``infer-fixed``). Not the
+  ``cuda-driver-too-old`` fault: under it gpulab fails every CUDA program,
+  whatever its image, so a user could not fix it;
+- ``dev-notebook`` (1 GPU, no toleration): Pending, ``untolerated taint`` —
+  fixable by a toleration (``dev-notebook-fixed``).
+
+Recorded: ``causes``, ``fixable`` and ``explanations`` (dicts keyed by the
+three Pod names). The faults reach the checks as an ``InjectedFault`` object.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from typing import Any
+
+from gpulab.grading.checks import Context, check, containers, dig, failed, passed, pod_spec, quantity_int, ratio
+from gpulab.grading.labs import lab_02
+
+LAB = "08-troubleshooting"
+CLUSTER_WIDE = True
+NODE_TAINTS = ("nvidia.com/gpu",)
+CLUSTER_RULES = lab_02.CLUSTER_RULES
+GPUS_FREE = 2
+LOGS = True
+CELL_TIMEOUT = 60
+TIMEOUT = 150
+
+GPU = "nvidia.com/gpu"
+INJECTED = lab_02.INJECTED
+TAINT = {"key": GPU, "value": "true", "effect": "NoSchedule"}
+SYMPTOMS = ("train", "infer", "dev-notebook")
+CAUSES = ("gpu-unhealthy", "device-plugin-down", "gpus-in-use", "untolerated-taint", "selector-mismatch",
+          "cuda-driver-too-old", "no-devices")
+TRUTH = {"train": "gpu-unhealthy", "infer": "cuda-driver-too-old", "dev-notebook": "untolerated-taint"}
+FIXABLE = {"train": False, "infer": True, "dev-notebook": True}
+CUDA_LABEL = "nvidia.com/cuda.runtime-version.full"  # the CUDA version the *driver* supports
+
+
+# --------------------------------------------------------------------------- breaking and repairing the cluster
+
+
+def _set_taint(client, node: str, present: bool) -> None:
+    taints = [t for t in dig(client.get("Node", node), "spec", "taints", default=[]) or [] if t.get("key") != GPU]
+    if present:
+        taints.append(dict(TAINT))
+    client.patch("Node", node, {"spec": {"taints": taints or None}})
+
+
+def break_for_troubleshooting(env) -> list[dict[str, Any]]:
+    """``SETUP``: on every GPU node one unhealthy card and the GPU taint; wait until allocatable shows it."""
+    lab_02.repair(env)
+    nodes = lab_02.gpu_nodes_of(env.cluster_root)
+    client, records = env.client, []
+    for node, count in sorted(nodes.items()):
+        gpu = int(hashlib.sha256(f"{LAB}/{env.namespace}/{node}".encode()).hexdigest(), 16) % count
+        lab_02.set_faults(client, env.cluster_root, node, [("gpu-unhealthy", gpu)])
+        _set_taint(client, node, True)
+        records.append({"kind": INJECTED, "apiVersion": "gpulab.io/v1", "metadata": {"name": node}, "node": node,
+                        "faults": [{"kind": "gpu-unhealthy", "gpu": gpu}],
+                        "taint": dict(TAINT)})
+    for node, count in nodes.items():
+        lab_02._wait(lambda n=node, c=count: lab_02._gpu_resources(client, n)[1] == c - 1, 30,
+                     f"{GPU} on {node} to drop by one")
+    return records
+
+
+def repair(env) -> None:
+    """``TEARDOWN``: no GPU taint, no faults, every card allocatable, the stack ready."""
+    client = env.client
+    nodes = lab_02.gpu_nodes_of(env.cluster_root)
+    try:
+        for node in nodes:
+            _set_taint(client, node, False)
+    finally:
+        lab_02.repair(env)
+
+
+def practice_break() -> None:
+    """By hand (not graded): break the local cluster as the grader does."""
+    break_for_troubleshooting(lab_02._local_env())
+    print("集群已经「出事」了：三位同学的 Pod 马上就会遇到各自的问题。做完后运行最后的清理单元格把集群修好。")
+
+
+def practice_repair() -> None:
+    repair(lab_02._local_env())
+    print("集群已恢复：没有故障、没有 GPU 污点，所有卡都在 allocatable 里。")
+
+
+SETUP = break_for_troubleshooting
+TEARDOWN = repair
+
+
+# --------------------------------------------------------------------------- checks
+
+_CAUSE_HINTS = {
+    "train": {
+        "device-plugin-down": "如果 device plugin 没在上报，allocatable 里会一张卡都没有；现在 GPU 节点的 allocatable 是多少？",
+        "gpus-in-use": "集群里真有别的 Pod 占着这台节点的卡吗？用章节里那条列出所有申请了 GPU 的 Pod 的命令核对一下。",
+        "untolerated-taint": "train 带着容忍：调度器给它的原因里，GPU 节点是因为污点被排除的吗？",
+        "selector-mismatch": "train 没有写节点选择：调度器给它的原因里，GPU 节点是因为标签被排除的吗？",
+    },
+    "infer": {
+        "no-devices": "infer 的日志里是哪一条 CUDA 错误？「没有设备」和「驱动版本不够」不是一回事。",
+    },
+    "dev-notebook": {
+        "gpus-in-use": "调度器的消息里，GPU 节点是因为什么被排除的？不是每台节点都是因为卡不够。",
+        "gpu-unhealthy": "调度器的消息里，GPU 节点是因为什么被排除的？不是每台节点都是因为卡不够。",
+        "device-plugin-down": "调度器的消息里，GPU 节点是因为什么被排除的？不是每台节点都是因为卡不够。",
+    },
+}
+_CAUSE_GENERIC = {
+    "train": "train 停在 Pending：先读调度器给的原因，再比较 GPU 节点的 capacity 和 allocatable，看少掉的卡去哪了。",
+    "infer": "infer 已经被调度、也分到了卡，是在容器里失败的：读它的日志，再对比节点驱动支持的 CUDA 版本和镜像里的 CUDA 版本。",
+    "dev-notebook": "dev-notebook 停在 Pending：读调度器给的原因，每一类被排除的节点各是为什么。",
+}
+
+
+def _cause_check(ctx: Context, pod: str):
+    causes = ctx.value("causes")
+    if not isinstance(causes, dict):
+        return failed("causes 应该是一个字典：Pod 名 → 原因。")
+    answer = causes.get(pod)
+    if answer not in CAUSES:
+        return failed(f"causes[\"{pod}\"] 应该是 {', '.join(CAUSES)} 之一。")
+    if answer == TRUTH[pod]:
+        return passed()
+    return failed(f"{pod} 的原因判断得不对。" + _CAUSE_HINTS[pod].get(answer, _CAUSE_GENERIC[pod]))
+
+
+@check("cause-train", points=2, title="train 为什么 Pending")
+def cause_train(ctx: Context):
+    return _cause_check(ctx, "train")
+
+
+@check("cause-infer", points=2, title="infer 为什么一启动就失败")
+def cause_infer(ctx: Context):
+    return _cause_check(ctx, "infer")
+
+
+@check("cause-dev-notebook", points=2, title="dev-notebook 为什么 Pending")
+def cause_dev_notebook(ctx: Context):
+    return _cause_check(ctx, "dev-notebook")
+
+
+@check("fixable", points=1, title="分清哪些问题用户自己能修、哪些要找管理员")
+def fixable(ctx: Context):
+    answer = ctx.value("fixable")
+    if not isinstance(answer, dict) or not all(isinstance(answer.get(p), bool) for p in SYMPTOMS):
+        return failed("fixable 应该是一个字典：三个 Pod 名 → True 或 False。")
+    wrong = [p for p in SYMPTOMS if answer[p] != FIXABLE[p]]
+    if not wrong:
+        return passed()
+    return ratio(3 - len(wrong), 3, [f"{p} 的判断不对：问题出在 Pod 的清单里，还是出在节点和硬件上？" for p in wrong])
+
+
+def _cuda_runtime(image: str) -> tuple[int, int] | None:
+    match = re.search(r"(?:^|/)cuda:(\d+)\.(\d+)", image or "")
+    return (int(match.group(1)), int(match.group(2))) if match else None
+
+
+def _driver_cuda(ctx: Context) -> tuple[int, int]:
+    """The oldest CUDA version the GPU nodes' drivers support (GFD's label), e.g. (13, 0)."""
+    found = []
+    for node in ctx.objects("Node"):
+        match = re.fullmatch(r"(\d+)\.(\d+)", (node["metadata"].get("labels") or {}).get(CUDA_LABEL) or "")
+        if match:
+            found.append((int(match.group(1)), int(match.group(2))))
+    return min(found, default=(13, 0))
+
+
+def _log(ctx: Context, pod: str) -> str:
+    return "\n".join(o.get("log", "") for o in ctx.objects("PodLog", ctx.namespace)
+                     if o["metadata"]["name"] == pod)
+
+
+def _tolerates(spec: dict) -> bool:
+    for t in spec.get("tolerations") or []:
+        if t.get("effect") not in (None, "", "NoSchedule"):
+            continue
+        key, op = t.get("key"), t.get("operator") or "Equal"
+        if op == "Exists" and key in (None, "", GPU) or op == "Equal" and key == GPU and t.get("value") == "true":
+            return True
+    return False
+
+
+def _one_gpu(pod: dict) -> bool:
+    return sum(quantity_int(dig(c, "resources", "limits", GPU)) or 0 for c in containers(pod)) == 1
+
+
+@check("fix-infer", points=3, title="infer-fixed：换一个和驱动对得上的镜像")
+def fix_infer(ctx: Context):
+    pod = ctx.require("Pod", "infer-fixed", ctx.namespace)
+    main = containers(pod)
+    problems, score = [], 0
+    runtimes = [_cuda_runtime(c.get("image", "")) for c in main]
+    if runtimes and all(r is not None and r <= _driver_cuda(ctx) for r in runtimes):
+        score += 1
+    elif any(r is None for r in runtimes):
+        problems.append("infer-fixed 的镜像看不出 CUDA 版本：继续用 NVIDIA 的 cuda 镜像，只换版本")
+    else:
+        problems.append("infer-fixed 镜像里的 CUDA 运行时仍然比节点驱动支持的 CUDA 版本新（nvidia-smi 的表头、"
+                        "GFD 的 nvidia.com/cuda.* 标签都能看到驱动支持到哪个版本）")
+    ann = (pod["metadata"].get("annotations") or {}).get("gpulab.io/gpu-memory")
+    if _one_gpu(pod) and _tolerates(pod_spec(pod)) and ann and \
+            any("model loaded" in " ".join(c.get("command") or []) for c in main):
+        score += 1
+    else:
+        problems.append("infer-fixed 除了镜像以外应该和 infer 一样：同样的命令、显存注解、1 张卡和容忍")
+    if dig(pod, "status", "phase") == "Succeeded" and "model loaded" in _log(ctx, "infer-fixed"):
+        score += 1
+    else:
+        problems.append("infer-fixed 没有成功跑完（日志里没有 model loaded）")
+    return ratio(score, 3, problems)
+
+
+@check("fix-dev-notebook", points=2, title="dev-notebook-fixed：补上对得上污点的容忍")
+def fix_dev_notebook(ctx: Context):
+    pod = ctx.require("Pod", "dev-notebook-fixed", ctx.namespace)
+    problems, score = [], 0
+    if _tolerates(pod_spec(pod)) and _one_gpu(pod):
+        score += 1
+    else:
+        problems.append("dev-notebook-fixed 的容忍和 GPU 节点上的污点对不上（key、value/operator、effect），"
+                        "或者它不再申请 1 张卡")
+    if dig(pod, "status", "phase") == "Succeeded":
+        score += 1
+    else:
+        problems.append("dev-notebook-fixed 没有在 GPU 节点上跑完：看看它的事件")
+    return ratio(score, 2, problems)
+
+
+_CONCEPTS = {
+    "train": (
+        (re.compile(r"allocatable|可分配|可用的?卡|能用", re.I), "没有说调度器按哪个数字记账"),
+        (re.compile(r"unhealthy|不健康|坏|Xid|故障|掉卡|fallen off|损", re.I), "没有说少掉的那张卡怎么了"),
+        (re.compile(r"device ?plugin|设备插件|上报|capacity|容量", re.I), "没有说是谁把卡的数量报给 kubelet 的"),
+    ),
+    "infer": (
+        (re.compile(r"驱动|driver", re.I), "没有说节点上哪个组件太旧"),
+        (re.compile(r"运行时|runtime|镜像|image|容器", re.I), "没有说和它对不上的是镜像里的什么"),
+        (re.compile(r"版本|version|旧|低|新|超前|insufficient|不够|不匹配|对齐|兼容", re.I), "没有说两者之间是什么关系出了问题"),
+    ),
+    "dev-notebook": (
+        (re.compile(r"污点|taint", re.I), "没有说 GPU 节点上的什么把它挡在了外面"),
+        (re.compile(r"容忍|toleration|tolerat", re.I), "没有说 Pod 缺了什么"),
+        (re.compile(r"NoSchedule|调度器|scheduler|过滤|filter|不调度", re.I), "没有说这是在哪一步、由谁做出的决定"),
+    ),
+}
+
+
+def _explain(ctx: Context, pod: str):
+    texts = ctx.value("explanations")
+    text = texts.get(pod) if isinstance(texts, dict) else None
+    if not isinstance(text, str) or len(text.strip()) < 10:
+        return failed(f"explanations[\"{pod}\"] 应该是你自己写的一两句话。")
+    hits = [pattern.search(text) is not None for pattern, _ in _CONCEPTS[pod]]
+    return ratio(sum(hits), len(hits), [f"{pod} 的解释{msg}" for hit, (_, msg) in zip(hits, _CONCEPTS[pod]) if not hit])
+
+
+@check("explain-train", points=2, title="解释 train 的问题")
+def explain_train(ctx: Context):
+    return _explain(ctx, "train")
+
+
+@check("explain-infer", points=2, title="解释 infer 的问题")
+def explain_infer(ctx: Context):
+    return _explain(ctx, "infer")
+
+
+@check("explain-dev-notebook", points=2, title="解释 dev-notebook 的问题")
+def explain_dev_notebook(ctx: Context):
+    return _explain(ctx, "dev-notebook")
