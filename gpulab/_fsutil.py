@@ -48,11 +48,11 @@ def _default_mode(path: Path) -> int:
         return 0o666 & ~umask
 
 
-def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, mode: int | None = None) -> None:
     """Replace ``path`` with ``data`` so that no reader ever sees a partial file."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    mode = _default_mode(target)
+    mode = _default_mode(target) if mode is None else mode
     fd, tmp_name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as handle:
@@ -68,9 +68,19 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
     _fsync_dir(target.parent)
 
 
-def atomic_write_text(path: str | os.PathLike[str], text: str, encoding: str = "utf-8") -> None:
+def atomic_write_text(path: str | os.PathLike[str], text: str, encoding: str = "utf-8",
+                      mode: int | None = None) -> None:
     """Text flavour of :func:`atomic_write_bytes`."""
-    atomic_write_bytes(path, text.encode(encoding))
+    atomic_write_bytes(path, text.encode(encoding), mode)
+
+
+def file_identity(path: Path | None) -> tuple[int, int] | None:
+    """(mtime, size) of ``path``, None when there is none: cheap "did this file change" for pollers."""
+    try:
+        st = path.stat() if path else None
+    except OSError:
+        return None
+    return (st.st_mtime_ns, st.st_size) if st else None
 
 
 def atomic_write_json(path: str | os.PathLike[str], obj: Any) -> None:

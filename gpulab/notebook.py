@@ -445,9 +445,10 @@ class Lab:
                     return False
             return operator.stack_ready(self.kube) is None
 
-        if done:
-            wait_for(settled, timeout, interval=0.5,
-                     what="GPU 栈恢复为安装时的样子（整卡、ClusterPolicy ready）")
+        # Waited for even when nothing was undone here: whoever changed the stack last (another
+        # notebook, a grader) may have left it still rolling its operands out.
+        wait_for(settled, timeout, interval=0.5,
+                 what="GPU 栈恢复为安装时的样子（整卡、ClusterPolicy ready）")
         return done
 
     # -- start ------------------------------------------------------------------

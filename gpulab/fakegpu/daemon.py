@@ -43,6 +43,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from .._fsutil import atomic_write_text, file_identity
 from ..cluster import api
 from . import dcgm, gfd, mig, models, nvidiasmi
 from .config import (
@@ -96,22 +97,6 @@ def _client(args: argparse.Namespace) -> api.Client:
     return api.Client(args.kubeconfig or in_cluster_kubeconfig())
 
 
-def _identity(path: Path | None) -> tuple[int, int] | None:
-    try:
-        st = path.stat() if path else None
-    except OSError:
-        return None
-    return (st.st_mtime_ns, st.st_size) if st else None
-
-
-def _write_atomic(path: Path, text: str, mode: int = 0o644) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    tmp.chmod(mode)
-    os.replace(tmp, path)
-
-
 class Hardware:
     """One node's simulated GPUs: model and count, and the MIG geometry kept in ``<host-dir>/gpu/``."""
 
@@ -148,15 +133,15 @@ class Hardware:
 
     def apply_mig(self, layout: models.MigLayout | None) -> None:
         name = layout.name if layout is not None and layout.mig_enabled else None
-        _write_atomic(self.file, json.dumps({"model": self.model.key, "count": self.count, "mig": name}) + "\n")
+        atomic_write_text(self.file, json.dumps({"model": self.model.key, "count": self.count, "mig": name}) + "\n")
 
     def state(self) -> dict[str, Any]:
         return nvidiasmi.build_state(self.model, self.count, self.node, mig_layout=self.mig_layout())
 
     def install_nvidia_smi(self) -> None:
         # Mounted into GPU containers at /usr/bin/nvidia-smi by the Allocate response.
-        _write_atomic(self.nvidia_smi, "#!/usr/bin/env -S python3 -IS\n" + Path(nvidiasmi.__file__).read_text(),
-                      0o755)
+        atomic_write_text(self.nvidia_smi, "#!/usr/bin/env -S python3 -IS\n" + Path(nvidiasmi.__file__).read_text(),
+                          mode=0o755)
         self.host_state.parent.mkdir(parents=True, exist_ok=True)
         nvidiasmi.write_state(str(self.host_state), self.state())
 
@@ -208,13 +193,13 @@ def run_device_plugin(args: argparse.Namespace, stop: _Stop) -> int:
     plugin = DevicePlugin(PluginConfig(plugin_dir=Path(args.plugin_dir), nvidia_smi=hw.nvidia_smi,
                                        state_dir=hw.state_dir, pass_device_specs=False,
                                        poll_interval=args.poll_interval), inventory=inventory())
-    seen = (_identity(config_path), _identity(hw.file))
+    seen = (file_identity(config_path), file_identity(hw.file))
     announced: set[str] = set()
     try:
         plugin.start()
         log.info("Serving %s on %s (%d x %s)", ", ".join(plugin.resources), args.plugin_dir, hw.count, hw.model.key)
         while not stop.wait(args.poll_interval):
-            now = (_identity(config_path), _identity(hw.file))
+            now = (file_identity(config_path), file_identity(hw.file))
             if now != seen:
                 seen = now
                 try:
@@ -312,7 +297,7 @@ def run_config_manager(args: argparse.Namespace, stop: _Stop) -> int:
                     if current is None and args.oneshot:
                         return 1
                 elif current != (selection.name, text):
-                    _write_atomic(dst, text or "")
+                    atomic_write_text(dst, text or "")
                     current = (selection.name, text or "")
                     log.info("Successfully updated to config: %s (%s)", selection.name, selection.reason)
         if args.oneshot or stop.wait(args.poll_interval):

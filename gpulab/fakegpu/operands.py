@@ -39,6 +39,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
+from .._fsutil import file_identity
 from ..cluster import api
 from ..runtime import programs
 from . import dcgm, gfd, mig, nvidiasmi
@@ -129,14 +130,6 @@ def host_path(ctx: programs.ProgramContext, container_path: str) -> Path | None:
 
 def argv(ctx: programs.ProgramContext) -> list[str]:
     return list(ctx.container.get("command") or []) + list(ctx.container.get("args") or [])
-
-
-def _identity(path: Path | None) -> tuple[int, int] | None:
-    try:
-        st = path.stat() if path else None
-    except OSError:
-        return None
-    return (st.st_mtime_ns, st.st_size) if st else None
 
 
 def _node_labels(stack: "GpuStack", node: str) -> dict[str, str]:
@@ -249,7 +242,7 @@ class DevicePluginMain:
             if failure:
                 self.out.error(failure)
                 return 1
-            config_id = _identity(config_path)
+            config_id = file_identity(config_path)
             if config_id != seen:
                 if self.resources is not None:
                     self.out.info('Received signal "hangup", restarting.')
@@ -374,8 +367,8 @@ class GfdMain:
                 if self.node.faults.driver_unreachable:
                     out.error("Failed to initialize NVML: Driver Not Loaded")
                     return 1
-                if _identity(config_path) != seen:
-                    seen = _identity(config_path)
+                if file_identity(config_path) != seen:
+                    seen = file_identity(config_path)
                     try:
                         config = load_plugin_config(self.ctx)
                     except ConfigError as e:

@@ -249,6 +249,16 @@ def quantity_int(value: Any) -> int | None:
     return None
 
 
+def allocatable_by_node(ctx: "Context", resource: str = "nvidia.com/gpu") -> dict[str, int]:
+    """Nodes whose captured ``status.allocatable`` has ``resource`` > 0, with the count."""
+    found = {}
+    for node in ctx.objects("Node"):
+        count = quantity_int(dig(node, "status", "allocatable", resource))
+        if count:
+            found[node["metadata"]["name"]] = count
+    return found
+
+
 # --------------------------------------------------------------------------- checks and suites
 
 

@@ -21,7 +21,6 @@ import dataclasses
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -79,10 +78,15 @@ class SandboxSpec:
 
 
 def _unshare_argv() -> list[str]:
-    unshare = shutil.which("unshare")
-    if not unshare:
-        raise SandboxUnavailable("`unshare` (util-linux) is not installed; gpulab needs it to run pod commands")
-    argv = [unshare, "--net", "--mount", "--pid", "--uts", "--ipc", "--fork", "--kill-child"]
+    unshare, setpriv = shutil.which("unshare"), shutil.which("setpriv")
+    if not unshare or not setpriv:
+        missing = " and ".join(f"`{n}`" for n, p in (("unshare", unshare), ("setpriv", setpriv)) if not p)
+        raise SandboxUnavailable(f"{missing} (util-linux) not installed; gpulab needs it to run pod commands")
+    # setpriv sets the death signal: if the node agent dies without stopping its containers
+    # (SIGKILL), the kernel kills them too. Doing it in a preexec_fn instead would make
+    # subprocess fork() the agent, and gRPC's fork handlers then abort some children.
+    argv = [setpriv, "--pdeathsig", "KILL", unshare, "--net", "--mount", "--pid", "--uts", "--ipc", "--fork",
+            "--kill-child"]
     if os.geteuid() != 0:
         argv += ["--user", "--map-root-user"]
     return argv
@@ -98,17 +102,6 @@ def check() -> None:
             f"({' '.join(argv)}: {proc.stderr.strip() or proc.returncode}); "
             "gpulab needs root or unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1)"
         )
-
-
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:
-    # Runs in the child between fork and exec: if the node agent dies without
-    # stopping its containers (SIGKILL), the kernel kills them too.
-    import ctypes
-
-    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def launch(spec: SandboxSpec, spec_path: Path, stdout: int, stderr: int) -> subprocess.Popen:
@@ -128,5 +121,4 @@ def launch(spec: SandboxSpec, spec_path: Path, stdout: int, stderr: int) -> subp
         env={"PATH": DEFAULT_PATH},
         start_new_session=True,
         close_fds=True,
-        preexec_fn=_die_with_parent,
     )

@@ -72,6 +72,19 @@ def assert_untouched_scores_zero(batch: Batch, learner: str = "bob") -> None:
         assert o.message.strip(), f"{o.check_id} gives no feedback"
 
 
+def gpu_stack_state(kube: api.Client, node_name: str = "gpu-node-1") -> dict:
+    """What a lab that reconfigures the GPU stack must leave as it found it."""
+    node = kube.get("Node", node_name)
+    labels = node["metadata"]["labels"]
+    return {"policy": kube.get("ClusterPolicy", "cluster-policy")["spec"],
+            "configmaps": sorted(cm["metadata"]["name"] for cm in kube.list("ConfigMap", "gpu-operator")),
+            "resources": {k: v for k, v in node["status"]["allocatable"].items()
+                          if k.startswith("nvidia.com/") and v != "0"},
+            "labels": {k: labels.get(k) for k in ("nvidia.com/mig.config", "nvidia.com/mig.config.state",
+                                                  "nvidia.com/device-plugin.config", "nvidia.com/mig.strategy",
+                                                  "nvidia.com/gpu.replicas", "nvidia.com/gpu.product")}}
+
+
 def assert_no_grading_leftovers(kube: api.Client) -> None:
     """Grading namespaces are gone (or going); per-submission ClusterRoles and bindings are deleted."""
     for ns in kube.list("Namespace", label_selector="gpulab.io/grading=true"):

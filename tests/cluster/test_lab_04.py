@@ -12,12 +12,12 @@ import time
 
 import pytest
 
-from lab_support import assert_no_grading_leftovers, assert_untouched_scores_zero, from_solution, grade, untouched
+from lab_support import (assert_no_grading_leftovers, assert_untouched_scores_zero, from_solution, gpu_stack_state,
+                         grade, untouched)
 
 pytestmark = pytest.mark.cluster
 
 LAB = "04-sharing"
-GPU_NODE = "gpu-node-1"
 SOLUTION_EXPLANATION = (
     'explanation = ("time-slicing 只是让多个容器轮流使用同一张卡的算力（时间片），并没有把显存切开："\n'
     '               "每个容器都能看到并申请整张卡的全部显存，也能看到邻居用掉的显存。"\n'
@@ -25,21 +25,9 @@ SOLUTION_EXPLANATION = (
     '               "要硬件级的显存和算力隔离，得用 MIG。")')
 
 
-def stack_state(kube) -> dict:
-    node = kube.get("Node", GPU_NODE)
-    labels = node["metadata"]["labels"]
-    return {"policy": kube.get("ClusterPolicy", "cluster-policy")["spec"],
-            "configmaps": sorted(cm["metadata"]["name"] for cm in kube.list("ConfigMap", "gpu-operator")),
-            "resources": {k: v for k, v in node["status"]["allocatable"].items()
-                          if k.startswith("nvidia.com/") and v != "0"},
-            "labels": {k: labels.get(k) for k in ("nvidia.com/mig.config", "nvidia.com/mig.config.state",
-                                                  "nvidia.com/device-plugin.config", "nvidia.com/mig.strategy",
-                                                  "nvidia.com/gpu.replicas", "nvidia.com/gpu.product")}}
-
-
 @pytest.fixture(scope="module")
 def before(kube):
-    return stack_state(kube)
+    return gpu_stack_state(kube)
 
 
 def submissions() -> dict:
@@ -103,7 +91,7 @@ def test_lab04_scores(lab04):
 
 
 def test_lab04_leaves_the_gpu_stack_as_it_found_it(lab04, kube, before):
-    assert stack_state(kube) == before
+    assert gpu_stack_state(kube) == before
     assert before["resources"] == {"nvidia.com/gpu": "2"}
     for ns in ("gpu-operator", "default"):
         assert not kube.list("Role", ns, label_selector="gpulab.io/grading=true")

@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from lab_support import assert_no_grading_leftovers, assert_untouched_scores_zero, from_solution, grade, untouched
-from test_lab_04 import stack_state
+from lab_support import (assert_no_grading_leftovers, assert_untouched_scores_zero, from_solution, gpu_stack_state,
+                         grade, untouched)
 
 pytestmark = pytest.mark.cluster
 
@@ -24,7 +24,7 @@ HPA_METRIC = ('    - type: Pods\n      pods:\n        metric:\n          name: D
 
 @pytest.fixture(scope="module")
 def before(kube):
-    return stack_state(kube)
+    return gpu_stack_state(kube)
 
 
 def submissions() -> dict:
@@ -80,5 +80,5 @@ def test_lab06_scores(lab06):
 
 
 def test_lab06_leaves_the_gpu_stack_as_it_found_it(lab06, kube, before):
-    assert stack_state(kube) == before
+    assert gpu_stack_state(kube) == before
     assert_no_grading_leftovers(kube)

@@ -189,6 +189,30 @@ def test_lab02_scenarios_are_fixed_per_namespace_and_cover_every_layer():
     assert {node for node, layer, _ in picked if layer == "container-toolkit"} == {"gpu-node-1"}
 
 
+class _Nodes:
+    """The one call ``_resources_whole`` makes of a client, answered from recorded Node statuses."""
+
+    def __init__(self, **statuses):
+        self.statuses = statuses
+
+    def get(self, kind, name):
+        cap, alloc = self.statuses[name]
+        return {"status": {"capacity": cap, "allocatable": alloc}}
+
+
+def test_lab02_repair_waits_for_the_advertised_resources_only():
+    whole = lab_02._resources_whole
+    # After MIG: the kubelet keeps the slices' capacity at allocatable 0 through its stop grace period.
+    lingering = ({"nvidia.com/gpu": "2", "nvidia.com/mig-3g.40gb": "4"},
+                 {"nvidia.com/gpu": "2", "nvidia.com/mig-3g.40gb": "0"})
+    assert whole(_Nodes(**{"gpu-node-1": lingering}), {"gpu-node-1": 2})
+    one_unhealthy = ({"nvidia.com/gpu": "2"}, {"nvidia.com/gpu": "1"})
+    assert not whole(_Nodes(**{"gpu-node-1": one_unhealthy}), {"gpu-node-1": 2})
+    plugin_gone = ({"nvidia.com/gpu": "2"}, {"nvidia.com/gpu": "0"})
+    assert not whole(_Nodes(**{"gpu-node-1": plugin_gone}), {"gpu-node-1": 2})
+    assert not whole(_Nodes(**{"gpu-node-1": ({}, {})}), {"gpu-node-1": 2})
+
+
 def test_lab02_counts_come_from_allocatable_not_labels():
     objects = [_node02("gpu-node-1", 0), _node02("cpu-node-1", 0, present=False), _fault02("device-plugin")]
 

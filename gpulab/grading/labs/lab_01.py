@@ -15,7 +15,7 @@ from pathlib import Path
 import yaml
 
 from gpulab import paths
-from gpulab.grading.checks import Context, check, dig, failed, partial, passed, quantity_int, ratio
+from gpulab.grading.checks import Context, allocatable_by_node, check, dig, failed, partial, passed, quantity_int, ratio
 
 LAB = "01-gpu-pod-spec"
 GPUS_FREE = 1
@@ -36,19 +36,10 @@ def original(pod: str) -> dict:
     return yaml.safe_load(Path(path).read_text(encoding="utf-8"))
 
 
-def actual_gpu_nodes(ctx: Context) -> dict[str, int]:
-    found = {}
-    for node in ctx.objects("Node"):
-        count = quantity_int(dig(node, "status", "allocatable", GPU))
-        if count:
-            found[node["metadata"]["name"]] = count
-    return found
-
-
 @check("gpu-node-count", points=1, title="数出了上报 nvidia.com/gpu 的节点数")
 def gpu_node_count(ctx: Context):
     recorded = ctx.value("gpu_node_count")
-    actual = actual_gpu_nodes(ctx)
+    actual = allocatable_by_node(ctx, GPU)
     if not actual:
         return failed("评分时集群里没有节点上报 nvidia.com/gpu，无法核对；请联系讲师。")
     if isinstance(recorded, bool) or not isinstance(recorded, int):
@@ -62,7 +53,7 @@ def gpu_node_count(ctx: Context):
 @check("gpu-per-node", points=2, title="记录了每个 GPU 节点的卡数")
 def gpu_per_node(ctx: Context):
     recorded = ctx.value("gpu_nodes")
-    actual = actual_gpu_nodes(ctx)
+    actual = allocatable_by_node(ctx, GPU)
     if not isinstance(recorded, dict):
         return failed("gpu_nodes 应该是「节点名 → 卡数」的字典。")
     if not recorded:
@@ -149,7 +140,7 @@ def fix_gpu_request_only(ctx: Context):
 
 @check("fixed-pods-on-gpu-node", points=1, title="修好的 Pod 真的分到了 GPU 节点")
 def fixed_pods_on_gpu_node(ctx: Context):
-    gpu_nodes = set(actual_gpu_nodes(ctx))
+    gpu_nodes = set(allocatable_by_node(ctx, GPU))
     pods = [ctx.object("Pod", name, ctx.namespace) for name in MANIFESTS]
     present = [p for p in pods if p is not None]
     if not present:

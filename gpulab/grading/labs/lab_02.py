@@ -31,11 +31,13 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from gpulab.grading.checks import Context, check, containers, dig, failed, partial, passed, quantity_int, ratio
+from gpulab.grading.checks import (
+    Context, allocatable_by_node, check, containers, dig, failed, partial, passed, quantity_int, ratio,
+)
 
 LAB = "02-layered-verification"
 CLUSTER_WIDE = True
@@ -110,14 +112,15 @@ def scenario(namespace: str, nodes: Mapping[str, int]) -> tuple[str, str, int | 
     return node, layer, gpu
 
 
-def _wait(fn, timeout: float, what: str) -> Any:
+def _wait(fn, timeout: float, what: str | Callable[[], str]) -> Any:
+    """Poll ``fn`` until it is true; ``what`` (or what it returns, computed at the timeout) names it."""
     deadline = time.monotonic() + timeout
     while True:
         value = fn()
         if value:
             return value
         if time.monotonic() > deadline:
-            raise _sandbox_error(f"timed out after {timeout:.0f}s waiting for {what}")
+            raise _sandbox_error(f"timed out after {timeout:.0f}s waiting for {what() if callable(what) else what}")
         time.sleep(0.1)
 
 
@@ -140,12 +143,18 @@ def _crashed(pod: dict | None) -> bool:
 
 
 def _resources_whole(client, nodes: Mapping[str, int]) -> bool:
+    """Every GPU resource a device plugin advertises on ``nodes`` has all its devices healthy.
+
+    A resource no plugin advertises any more (after MIG or a renamed time-slicing
+    resource) keeps its capacity at allocatable 0 for the kubelet's 5-minute stop
+    grace period; it is left out. One resource must have cards.
+    """
     for name in nodes:
         status = (client.get("Node", name) or {}).get("status") or {}
         cap, alloc = status.get("capacity") or {}, status.get("allocatable") or {}
-        gpu_keys = [k for k in cap if k.startswith("nvidia.com/")]
-        # Renamed resources (time-slicing, MIG) may linger at 0 next to the new ones; one must have cards.
-        if any(str(cap[k]) != str(alloc.get(k)) for k in gpu_keys) or all(str(cap[k]) in ("", "0") for k in gpu_keys):
+        live = {k: quantity_int(v) or 0 for k, v in alloc.items() if k.startswith("nvidia.com/")}
+        live = {k: n for k, n in live.items() if n > 0}
+        if not live or any(quantity_int(cap.get(k)) != n for k, n in live.items()):
             return False
     return True
 
@@ -180,7 +189,7 @@ def repair(env, timeout: float = 90) -> None:
             client.delete("Pod", pod["metadata"]["name"], OPERATOR_NS, grace_seconds=0)
     _wait(lambda: _resources_whole(client, nodes), timeout, "every GPU allocatable again")
     _wait(lambda: operator.stack_ready(client) is None, timeout,
-          f"the GPU stack to be ready again ({operator.stack_ready(client)})")
+          lambda: f"the GPU stack to be ready again (still: {operator.stack_ready(client)})")
 
 
 def break_one_layer(env) -> list[dict[str, Any]]:
@@ -231,16 +240,6 @@ def injected(ctx: Context) -> dict | None:
     return found[0] if found else None
 
 
-def allocatable_gpus(ctx: Context) -> dict[str, int]:
-    """Nodes with ``nvidia.com/gpu`` > 0 in allocatable, as the grader captured them (still broken)."""
-    found = {}
-    for node in ctx.objects("Node"):
-        count = quantity_int(dig(node, "status", "allocatable", GPU))
-        if count:
-            found[node["metadata"]["name"]] = count
-    return found
-
-
 def labelled_gpus(ctx: Context) -> dict[str, int]:
     """What GFD's labels claim: nodes with ``nvidia.com/gpu.present=true`` and their ``gpu.count``."""
     found = {}
@@ -260,7 +259,7 @@ def gpu_node_count(ctx: Context):
     answer = ctx.value("gpu_node_count")
     if isinstance(answer, bool) or not isinstance(answer, int):
         return failed("gpu_node_count 应该是一个整数。")
-    truth = allocatable_gpus(ctx)
+    truth = allocatable_by_node(ctx, GPU)  # as captured, still broken
     if answer == len(truth):
         return passed()
     if answer == len(labelled_gpus(ctx)):
@@ -274,7 +273,7 @@ def gpu_per_node(ctx: Context):
     answer = ctx.value("gpu_nodes")
     if not isinstance(answer, dict):
         return failed("gpu_nodes 应该是一个字典：节点名 → 卡数。")
-    truth = allocatable_gpus(ctx)
+    truth = allocatable_by_node(ctx, GPU)  # as captured, still broken
     if not answer:
         return passed() if not truth else failed("gpu_nodes 是空的，但评分时有节点在 allocatable 里上报了 GPU。")
     counts = {k: quantity_int(v) for k, v in answer.items()}
