@@ -430,6 +430,7 @@ class Lab:
         """:meth:`_undo_gpu_stack`, then wait until the GPU nodes report whole cards again and the stack is ready."""
         from .fakegpu import operator
         from .fakegpu.gfd import MIG_CONFIG_STATE_LABEL
+        from .fakegpu.mig import PAUSED_FOR_MIG_CHANGE
 
         done = self._undo_gpu_stack()
         want = {n.name: str(n.gpu_count) for n in self.topology().gpu_nodes}
@@ -443,11 +444,24 @@ class Lab:
                     return False
                 if any(k.startswith("nvidia.com/mig-") and _qty(v) > 0 for k, v in alloc.items()):
                     return False
+                if PAUSED_FOR_MIG_CHANGE in labels.values():  # the MIG manager has operands stopped
+                    return False
             return operator.stack_ready(self.kube) is None
+
+        # Right after a MIG change the DaemonSet controller brings paused operands back a moment
+        # after the node's labels say so; the stack must stay ready for a few seconds to count.
+        steady: list[float] = []
+
+        def settled_for_a_while() -> bool:
+            if not settled():
+                steady.clear()
+                return False
+            steady.append(time.monotonic())
+            return steady[-1] - steady[0] >= 3.0
 
         # Waited for even when nothing was undone here: whoever changed the stack last (another
         # notebook, a grader) may have left it still rolling its operands out.
-        wait_for(settled, timeout, interval=0.5,
+        wait_for(settled_for_a_while, timeout, interval=0.5,
                  what="GPU 栈恢复为安装时的样子（整卡、ClusterPolicy ready）")
         return done
 
