@@ -138,13 +138,19 @@ class PodWorker(threading.Thread):
                 c.state, c.started_at = "terminated", started
                 c.termination = Termination(137, "Error", started, time.time(),
                                             LOST)
-        if self.init and all(
-            ((cs.get("state") or {}).get("terminated") or {}).get("exitCode") == 0
-            for _, cs in _pair(self.init, status.get("initContainerStatuses"))
-        ) and status.get("initContainerStatuses"):
+        inits = list(_pair(self.init, status.get("initContainerStatuses")))
+        if self.init and len(inits) == len(self.init) and all(
+            ((cs.get("state") or {}).get("terminated") or {}).get("exitCode") == 0 for _, cs in inits
+        ):
+            # Init containers ran to completion before the restart: keep what
+            # they reported, as the kubelet keeps their statuses.
             self.initialized = True
-            for c in self.init:
-                c.state = "terminated"
+            for c, cs in inits:
+                term = cs["state"]["terminated"]
+                c.restart_count = cs.get("restartCount", 0)
+                c.state, c.started_at = "terminated", _parse_time(term["startedAt"])
+                c.termination = Termination(0, term.get("reason") or "Completed", c.started_at,
+                                            _parse_time(term["finishedAt"]), term.get("message") or "")
 
     # -- the sync loop -------------------------------------------------------
 

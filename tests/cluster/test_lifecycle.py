@@ -16,6 +16,7 @@ import sys
 import pytest
 
 from gpulab.cluster import status as cluster_status
+from gpulab.notebook import pod_status
 from helpers import wait_for
 
 pytestmark = pytest.mark.cluster
@@ -129,8 +130,13 @@ def test_a_killed_node_agent_leaves_no_container_behind(cluster, kube, ns, gpula
     kube.create({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "sleeper", "namespace": ns},
                  "spec": {"restartPolicy": "Never",
                           "containers": [{"name": "c", "image": "x", "command": ["sleep", "4321"]}]}})
-    wait_for(lambda: (p := kube.get("Pod", "sleeper", ns)) and p["status"].get("phase") == "Running", 30,
-             what="pod Running")
+    # A pod whose init container finished before the agent died keeps that status.
+    kube.create({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "prepared", "namespace": ns},
+                 "spec": {"initContainers": [{"name": "prep", "image": "x", "command": ["true"]}],
+                          "containers": [{"name": "c", "image": "x", "command": ["sleep", "4322"]}]}})
+    for name in ("sleeper", "prepared"):
+        wait_for(lambda n=name: (p := kube.get("Pod", n, ns)) and p["status"].get("phase") == "Running", 30,
+                 what=f"pod {name} Running")
     wait_for(lambda: sp.run(["pgrep", "-f", "sleep 4321"], capture_output=True).returncode == 0, 10,
              what="container process")
     os.kill(cluster.running()["node-agent"], signal.SIGKILL)
@@ -141,3 +147,9 @@ def test_a_killed_node_agent_leaves_no_container_behind(cluster, kube, ns, gpula
                    30, what="pod reported Failed")
     term = pod["status"]["containerStatuses"][0]["state"]["terminated"]
     assert term["exitCode"] == 137 and "node agent restarted" in term["message"]
+    # restartPolicy Always starts the lost container again; initialisation is not undone.
+    pod = wait_for(lambda: (p := kube.get("Pod", "prepared", ns)) and p["status"]["containerStatuses"][0]
+                   .get("restartCount", 0) >= 1 and p, 30, what="the prepared pod's container restarted")
+    [init] = pod["status"]["initContainerStatuses"]
+    assert init["state"]["terminated"]["exitCode"] == 0 and init["state"]["terminated"]["reason"] == "Completed", init
+    assert pod_status(pod) in ("Running", "CrashLoopBackOff"), pod["status"]
