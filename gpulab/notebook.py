@@ -684,17 +684,22 @@ def pod_status(pod: dict[str, Any]) -> str:
     reason = st.get("reason")
     if reason and st.get("phase") in ("Failed", "Succeeded"):
         return reason
-    for cs in st.get("initContainerStatuses") or []:
+    # kubectl's printer: the first init container that has not succeeded says
+    # why (a waiting reason, a failure), else how far initialisation got.
+    total = len(pod.get("spec", {}).get("initContainers") or [])
+    for i, cs in enumerate(st.get("initContainerStatuses") or []):
         state = cs.get("state") or {}
-        if "terminated" in state and state["terminated"].get("exitCode", 0) == 0:
+        term = state.get("terminated")
+        if term is not None and term.get("exitCode", 0) == 0:
             continue
-        if "running" in state:
-            return f"Init:{cs.get('name')}"
-        if "waiting" in state and state["waiting"].get("reason") not in (None, "PodInitializing"):
-            return f"Init:{state['waiting']['reason']}"
-        if "terminated" in state:
-            return "Init:Error"
-        return "Init:0/1" if "waiting" in state else "Pending"
+        if term is not None:
+            if term.get("reason"):
+                return f"Init:{term['reason']}"
+            return f"Init:Signal:{term['signal']}" if term.get("signal") else f"Init:ExitCode:{term.get('exitCode')}"
+        reason = (state.get("waiting") or {}).get("reason")
+        if reason and reason != "PodInitializing":
+            return f"Init:{reason}"
+        return f"Init:{i}/{total}"
     status = st.get("phase") or "Pending"
     for cs in st.get("containerStatuses") or []:
         state = cs.get("state") or {}

@@ -81,7 +81,16 @@ def test_pod_gpus_counts_like_the_scheduler():
     (pod("Failed", "n1", statuses=[{"state": {"terminated": {"reason": "Error", "exitCode": 1}}}]), "Error"),
     (pod("Failed", "n1", reason="DeadlineExceeded"), "DeadlineExceeded"),
     (pod("Pending", "n1", init=[{"name": "fetch"}], init_statuses=[{"name": "fetch", "state": {"running": {}}}]),
-     "Init:fetch"),
+     "Init:0/1"),
+    (pod("Pending", "n1", init=[{"name": "a"}, {"name": "b"}],
+         init_statuses=[{"name": "a", "state": {"terminated": {"exitCode": 0, "reason": "Completed"}}},
+                        {"name": "b", "state": {"waiting": {"reason": "PodInitializing"}}}]), "Init:1/2"),
+    (pod("Pending", "n1", init=[{"name": "a"}],
+         init_statuses=[{"name": "a", "state": {"waiting": {"reason": "CrashLoopBackOff"}}}]), "Init:CrashLoopBackOff"),
+    (pod("Pending", "n1", init=[{"name": "a"}],
+         init_statuses=[{"name": "a", "state": {"terminated": {"exitCode": 1, "reason": "Error"}}}]), "Init:Error"),
+    (pod("Pending", "n1", init=[{"name": "a"}],
+         init_statuses=[{"name": "a", "state": {"terminated": {"exitCode": 137}}}]), "Init:ExitCode:137"),
     (pod("Running", "n1", deleting=True), "Terminating"),
 ])
 def test_pod_status_reads_like_kubectl(p, want):
