@@ -473,9 +473,10 @@ def stack_ready(client: api.Client, since: float = 0.0) -> str | None:
     """None when the GPU stack is up; else what it waits for.
 
     Up means: ``cluster-policy`` is ready, every enabled operand DaemonSet
-    is fully rolled out, and every pod of the operator and its DaemonSets has
-    been Ready since ``since`` (a node-agent restart restarts all of them,
-    and statuses written before it say nothing about now).
+    carries the policy's current spec and is fully rolled out, and every pod
+    of the operator and its DaemonSets has been Ready since ``since`` (a
+    node-agent restart restarts all of them, and statuses written before it
+    say nothing about now).
     """
     policy = client.get("ClusterPolicy", POLICY_NAME)
     state = ((policy or {}).get("status") or {}).get("state")
@@ -486,7 +487,11 @@ def stack_ready(client: api.Client, since: float = 0.0) -> str | None:
         ds = client.get("DaemonSet", name, NAMESPACE) if want is not None else None
         if want is None:
             continue
-        if ds is None or not daemonset_ready(ds):
+        if ds is None or (ds["metadata"].get("annotations") or {}).get(HASH_ANNOTATION) \
+                != want["metadata"]["annotations"][HASH_ANNOTATION]:
+            # The policy's status (and the DaemonSet's) may still describe the spec before the last change.
+            return f"daemonset/{name}: the operator has not applied the ClusterPolicy's current spec yet"
+        if not daemonset_ready(ds):
             return f"daemonset/{name} rolling out"
         # The DaemonSet's status lags behind its pods; count them too.
         ready = [p for p in pods if (p["metadata"].get("labels") or {}).get("app") == name

@@ -35,6 +35,7 @@ import yaml
 
 from gpulab import paths
 from gpulab.cluster import api
+from gpulab.fakegpu import operator
 
 OPERATOR_NS = "gpu-operator"
 POLICY = "cluster-policy"
@@ -152,11 +153,6 @@ def _gpu_pods(client: api.Client) -> list[str]:
     return held
 
 
-def _stack_ready(client: api.Client) -> bool:
-    policy = client.get("ClusterPolicy", POLICY) or {}
-    return (policy.get("status") or {}).get("state") == "ready"
-
-
 def _settled(client: api.Client, nodes: Mapping[str, Mapping[str, Any]]) -> bool:
     for node in client.list("Node"):
         want = nodes.get(node["metadata"]["name"])
@@ -172,7 +168,7 @@ def _settled(client: api.Client, nodes: Mapping[str, Mapping[str, Any]]) -> bool
             return False
         if labels.get(MIG_CONFIG) and labels.get(MIG_STATE) not in ("success", "failed"):
             return False
-    return _stack_ready(client)
+    return operator.stack_ready(client) is None
 
 
 def restore(client: api.Client, state: Mapping[str, Any], timeout: float = SETTLE_TIMEOUT) -> None:

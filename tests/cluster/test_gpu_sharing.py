@@ -23,6 +23,7 @@ from gpu_support import (
     wait_gpus_free,
     wait_phase,
     wait_resources,
+    wait_stack,
 )
 from helpers import wait_for
 
@@ -43,6 +44,9 @@ def time_slicing(kube, kubectl):
             "-p", '{"spec": {"devicePlugin": {"config": {"name": "time-slicing-config", "default": "any"}}}}')
     kubectl("label", "node", GPU_NODE, f"{CONFIG_LABEL}=any", "--overwrite")
     wait_resources(kube, "nvidia.com/gpu", "8", "8")
+    # GFD rolls out with its own config manager; one started after a test relabels the node would
+    # read that label, not "any".
+    wait_stack(kube)
     yield
     set_node_label(kube, CONFIG_LABEL, None)
     restore_policy(kube, original)
