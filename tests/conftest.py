@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -19,6 +20,12 @@ import pytest
 from helpers import wait_for
 
 REPO = Path(__file__).resolve().parent.parent
+
+
+def pytest_configure(config):
+    # A CI timeout or `kill` sends SIGTERM: treat it as Ctrl-C, so that fixtures
+    # still stop the session cluster instead of leaving its servers running.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
 
 
 @pytest.fixture(scope="session")

@@ -41,12 +41,28 @@ def run_nbval(notebook: Path, home: Path) -> subprocess.CompletedProcess:
                           check=False)
 
 
+def cluster_snapshot(kube) -> str:
+    """What the cluster looks like now, for the failure report: the GPU stack's pods and recent warnings."""
+    from gpulab.notebook import pod_status
+
+    lines = ["cluster after the run:"]
+    for p in kube.list("Pod", "gpu-operator"):
+        lines.append(f"  pod {p['metadata']['name']}: {pod_status(p)}")
+    warnings = [e for e in kube.list("Event") if e.get("type") == "Warning"]
+    warnings.sort(key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")
+    for e in warnings[-15:]:
+        obj = e.get("involvedObject") or {}
+        lines.append(f"  {e.get('lastTimestamp') or e.get('eventTime')} {obj.get('kind')}/{obj.get('name')} "
+                     f"{e.get('reason')} (x{e.get('count', 1)}): {(e.get('message') or '')[:300]}")
+    return "\n".join(lines)
+
+
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
 def test_notebook_runs_and_matches_its_checked_outputs(notebook, cluster, kube):
     proc = run_nbval(notebook, cluster.root.parent)
     if proc.returncode != 0:
         pytest.fail(f"nbval failed for {notebook.name} (exit {proc.returncode}):\n"
-                    f"{proc.stdout[-12000:]}\n{proc.stderr[-3000:]}", pytrace=False)
+                    f"{proc.stdout[-12000:]}\n{proc.stderr[-3000:]}\n{cluster_snapshot(kube)}", pytrace=False)
 
     # The notebook cleaned up after itself.
     lessons = [ns["metadata"]["name"] for ns in kube.list("Namespace", label_selector="gpulab.io/lesson")]
