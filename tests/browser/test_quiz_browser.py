@@ -178,21 +178,20 @@ def test_a_quiz_answered_in_jupyterlab_in_headless_chromium(tmp_path, chromium_p
                 feedback = card.locator(".gpulab-quiz-feedback")
                 submit = card.locator("button.gpulab-quiz-submit")
 
-                radios.nth(wrong).click()
-                submit.click()
-                card.locator(".gpulab-quiz-feedback.gpulab-quiz-wrong").wait_for(state="visible")
-                card.scroll_into_view_if_needed()
-                page.screenshot(path=str(shots["wrong"]))
-                text = feedback.inner_text()
+                def answer(option: int, verdict: str, shot: Path) -> str:
+                    """Pick an option, submit, and return the feedback once it shows ``verdict``."""
+                    radios.nth(option).click()
+                    submit.click()
+                    card.locator(f".gpulab-quiz-feedback.gpulab-quiz-{verdict}").wait_for(state="visible")
+                    card.scroll_into_view_if_needed()
+                    page.screenshot(path=str(shot))
+                    return feedback.inner_text()
+
+                text = answer(wrong, "wrong", shots["wrong"])
                 assert "❌" in text and "回答错误" in text and "解析" in text, \
                     f"feedback after a wrong answer: {text!r}; screenshot: {shots['wrong']}"
 
-                radios.nth(right).click()
-                submit.click()
-                card.locator(".gpulab-quiz-feedback.gpulab-quiz-correct").wait_for(state="visible")
-                card.scroll_into_view_if_needed()
-                page.screenshot(path=str(shots["right"]))
-                text = feedback.inner_text()
+                text = answer(right, "correct", shots["right"])
                 assert "✅" in text and "回答正确" in text, \
                     f"feedback after the right answer: {text!r}; screenshot: {shots['right']}"
                 summary = page.locator(".gpulab-quiz-summary").inner_text()
