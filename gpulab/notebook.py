@@ -67,7 +67,7 @@ from typing import Any
 
 import yaml
 
-from . import paths
+from . import _poll, paths
 from .cluster import api
 
 __all__ = [
@@ -576,14 +576,7 @@ def _current() -> Lab:
 
 def wait_for(fn: Callable[[], Any], timeout: float = 60, interval: float = 0.25, what: str = "条件满足") -> Any:
     """Call ``fn`` until it returns something truthy and return that; raise ``TimeoutError`` after ``timeout`` s."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = fn()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            raise TimeoutError(f"等了 {timeout:g} 秒仍未等到：{what}")
-        time.sleep(interval)
+    return _poll.until(fn, timeout, lambda _: TimeoutError(f"等了 {timeout:g} 秒仍未等到：{what}"), interval)
 
 
 def wait_pods(selector: str | None = None, condition: str | Callable[[dict[str, Any]], bool] = "Running",

@@ -60,6 +60,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from gpulab import _poll
 from gpulab.cluster import api, kubeconfig, pki
 
 from .checks import CheckLoadError, lab_module_name
@@ -230,15 +231,8 @@ def get_text(client: api.Client, path: str, query: Mapping[str, Any] | None = No
 
 
 def _wait(fn: Callable[[], Any], timeout: float, what: str, interval: float = 0.05) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = fn()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            raise SandboxError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(interval)
-        interval = min(interval * 1.5, 0.5)
+    return _poll.until(fn, timeout, lambda _: SandboxError(f"timed out after {timeout:.0f}s waiting for {what}"),
+                       interval, max_interval=0.5)
 
 
 def _gpu_count(value: Any) -> int:

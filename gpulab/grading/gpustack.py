@@ -27,13 +27,12 @@ MIG manager react to the restored objects as they react to a learner's.
 from __future__ import annotations
 
 import copy
-import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import yaml
 
-from gpulab import paths
+from gpulab import _poll, paths
 from gpulab.cluster import api
 from gpulab.fakegpu import operator
 
@@ -60,15 +59,8 @@ class StackError(RuntimeError):
 
 
 def _wait(fn: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline, interval = time.monotonic() + timeout, 0.05
-    while True:
-        value = fn()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            raise StackError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(interval)
-        interval = min(interval * 1.5, 0.5)
+    return _poll.until(fn, timeout, lambda _: StackError(f"timed out after {timeout:.0f}s waiting for {what}"),
+                       max_interval=0.5)
 
 
 def gpu_resources(node: Mapping[str, Any]) -> dict[str, str]:

@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpulab import paths
+from gpulab import _poll, paths
 from gpulab.grading.record import record
 
 __all__ = ["begin", "Lab", "kubectl", "try_kubectl", "kubectl_json", "manifest", "show", "wait_until", "record",
@@ -174,14 +174,8 @@ def show(path: str | Path) -> None:
 
 def wait_until(fn: Callable[[], Any], timeout: float = 60, interval: float = 0.5, what: str = "条件满足") -> Any:
     """Poll ``fn`` until it returns something truthy; raise TimeoutError (zh-CN) after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = fn()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            raise TimeoutError(f"等了 {timeout:g} 秒，{what} 仍未发生（最后一次的值：{value!r}）")
-        time.sleep(interval)
+    return _poll.until(fn, timeout, lambda value: TimeoutError(
+        f"等了 {timeout:g} 秒，{what} 仍未发生（最后一次的值：{value!r}）"), interval)
 
 
 def _namespaced_copy(source: Path, namespace: str) -> Path:

@@ -35,6 +35,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from gpulab import _poll
 from gpulab.grading.checks import (
     Context, allocatable_by_node, check, containers, dig, failed, partial, passed, quantity_int, ratio,
 )
@@ -114,14 +115,8 @@ def scenario(namespace: str, nodes: Mapping[str, int]) -> tuple[str, str, int | 
 
 def _wait(fn, timeout: float, what: str | Callable[[], str]) -> Any:
     """Poll ``fn`` until it is true; ``what`` (or what it returns, computed at the timeout) names it."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = fn()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise _sandbox_error(f"timed out after {timeout:.0f}s waiting for {what() if callable(what) else what}")
-        time.sleep(0.1)
+    return _poll.until(fn, timeout, lambda _: _sandbox_error(
+        f"timed out after {timeout:.0f}s waiting for {what() if callable(what) else what}"), 0.1)
 
 
 def _gpu_resources(client, node: str) -> tuple[int, int]:

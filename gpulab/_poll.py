@@ -1,0 +1,32 @@
+"""One polling loop for every "wait until the cluster says so" in gpulab.
+
+Callers differ only in how often they look and in what a timeout says (an
+English error for the grader, a zh-CN one in notebooks), so both are
+parameters here.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+
+def until(fn: Callable[[], Any], timeout: float, timed_out: Callable[[Any], BaseException],
+          interval: float = 0.05, max_interval: float | None = None) -> Any:
+    """Call ``fn`` until it returns something truthy and return that.
+
+    After ``timeout`` seconds raise ``timed_out(last_value)``. With
+    ``max_interval`` the pause grows by half each round up to it (quick
+    answers for fast changes, few requests for slow ones).
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        value = fn()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise timed_out(value)
+        time.sleep(interval)
+        if max_interval is not None:
+            interval = min(interval * 1.5, max_interval)
