@@ -450,14 +450,16 @@ class Lab:
 
         # Right after a MIG change the DaemonSet controller brings paused operands back a moment
         # after the node's labels say so; the stack must stay ready for a few seconds to count.
-        steady: list[float] = []
+        settled_since: float | None = None
 
         def settled_for_a_while() -> bool:
+            nonlocal settled_since
             if not settled():
-                steady.clear()
+                settled_since = None
                 return False
-            steady.append(time.monotonic())
-            return steady[-1] - steady[0] >= 3.0
+            if settled_since is None:
+                settled_since = time.monotonic()
+            return time.monotonic() - settled_since >= 3.0
 
         # Waited for even when nothing was undone here: whoever changed the stack last (another
         # notebook, a grader) may have left it still rolling its operands out.

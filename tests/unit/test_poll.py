@@ -17,21 +17,23 @@ def test_a_timeout_raises_what_the_caller_builds_from_the_last_value():
         _poll.until(lambda: [], 0.05, lambda v: TimeoutError(f"last: {v!r}"), interval=0.01)
 
 
-def test_the_pause_grows_up_to_max_interval(monkeypatch):
-    pauses: list[float] = []
+@pytest.fixture
+def pauses(monkeypatch) -> list[float]:
+    """The pauses until() takes, on a clock that moves one second per look."""
+    taken: list[float] = []
     clock = iter(range(100))
     monkeypatch.setattr(_poll.time, "monotonic", lambda: next(clock))
-    monkeypatch.setattr(_poll.time, "sleep", pauses.append)
+    monkeypatch.setattr(_poll.time, "sleep", taken.append)
+    return taken
+
+
+def test_the_pause_grows_up_to_max_interval(pauses):
     with pytest.raises(RuntimeError):
         _poll.until(lambda: None, 6, lambda _: RuntimeError(), interval=0.1, max_interval=0.2)
     assert pauses == pytest.approx([0.1, 0.15, 0.2, 0.2, 0.2])
 
 
-def test_without_max_interval_the_pause_stays(monkeypatch):
-    pauses: list[float] = []
-    clock = iter(range(100))
-    monkeypatch.setattr(_poll.time, "monotonic", lambda: next(clock))
-    monkeypatch.setattr(_poll.time, "sleep", pauses.append)
+def test_without_max_interval_the_pause_stays(pauses):
     with pytest.raises(RuntimeError):
         _poll.until(lambda: None, 3, lambda _: RuntimeError(), interval=0.25)
     assert pauses == [0.25, 0.25]
