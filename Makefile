@@ -5,7 +5,8 @@
 #                   (BACKEND=kind: against a kind cluster; needs Docker, see README)
 #   make notebooks  re-run the notebooks and store their outputs (NB="03 05" picks some)
 #   make labs       regenerate labs/ from solutions/ (a test fails when they drift)
-#   make grade LAB=03 SUBMISSIONS=dir [HIDDEN=dir] [OUT=dir]   grade a class into a gradebook
+#   make grade LAB=03 SUBMISSIONS=dir [HIDDEN=dir] [OUT=dir] [LEARNER="a b"]   grade a class (or some
+#                   learners) into a gradebook; other learners' rows already in OUT's gradebook stay
 #   make bench      benchmarks; results go into BENCHMARKS.md by hand
 #   make down       stop the cluster (state kept);  make purge  deletes it
 
@@ -98,8 +99,8 @@ labs: install
 	$(BIN)/gpulab labs generate
 
 grade: up
-	@test -n "$(LAB)" -a -n "$(SUBMISSIONS)" || { echo "usage: make grade LAB=03 SUBMISSIONS=dir [HIDDEN=dir] [OUT=dir]"; exit 2; }
-	$(BIN)/gpulab grade $(SUBMISSIONS) --lab $(LAB) $(if $(HIDDEN),--hidden $(HIDDEN)) --out $(or $(OUT),grades/$(LAB))
+	@test -n "$(LAB)" -a -n "$(SUBMISSIONS)" || { echo "usage: make grade LAB=03 SUBMISSIONS=dir [HIDDEN=dir] [OUT=dir] [LEARNER=\"a b\"]"; exit 2; }
+	$(BIN)/gpulab grade $(SUBMISSIONS) --lab $(LAB) $(if $(HIDDEN),--hidden $(HIDDEN)) --out $(or $(OUT),grades/$(LAB)) $(foreach l,$(LEARNER),--learner $(l))
 
 bench: build
 	$(BIN)/python bench/cluster_bench.py

@@ -8,6 +8,11 @@ never half of one, even if the writer is killed mid-way.
 
 Read-modify-write cycles (two notebooks answering quizzes at once) additionally
 take an exclusive advisory lock on a sidecar ``<file>.lock``.
+
+Every inter-process lock gpulab takes goes through :func:`hold_lock`: a process
+that has to wait says so every few seconds, naming the lock and the process
+that holds it (the holder writes its pid, command and purpose into the lock
+file), instead of sitting silent behind someone else's twenty-minute build.
 """
 
 from __future__ import annotations
@@ -15,10 +20,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import sys
 import tempfile
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 try:  # POSIX
     import fcntl
@@ -89,28 +96,195 @@ def atomic_write_json(path: str | os.PathLike[str], obj: Any) -> None:
     atomic_write_text(path, text + "\n")
 
 
+Say = Callable[[str], None]
+
+
+def _say_stderr(msg: str) -> None:
+    print(f"gpulab: {msg}", file=sys.stderr, flush=True)
+
+
+def _shown(path: Path) -> str:
+    """``path`` with the home directory written as ``~`` (shorter messages)."""
+    try:
+        return "~/" + str(path.relative_to(Path.home()))
+    except (ValueError, RuntimeError):
+        return str(path)
+
+
+def _this_command() -> str:
+    """A short form of this process's command line, for other processes to read."""
+    argv = list(sys.argv) or [""]
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    if spec is not None and spec.name:  # python -m pkg.mod
+        name = "python -m " + spec.name.removesuffix(".__main__")
+    elif argv[0] in ("", "-c"):
+        name = "python -c ..." if argv[0] == "-c" else "python"
+    else:
+        name = Path(argv[0]).name
+    text = " ".join([name, *argv[1:]])
+    return text if len(text) <= 100 else text[:97] + "..."
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    except OSError:
+        return False
+    return True
+
+
+def _flock_owner(lock_path: Path) -> int | None:
+    """The pid /proc/locks names for a flock on ``lock_path`` (Linux), else None.
+
+    This finds the holder even when it did not write who it is (an older gpulab).
+    """
+    try:
+        st = lock_path.stat()
+        lines = Path("/proc/locks").read_text().splitlines()
+    except OSError:
+        return None
+    dev = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    for line in lines:
+        fields = line.split()
+        # "1: FLOCK  ADVISORY  WRITE 4653 fe:00:10035209 0 EOF"; waiters carry "->".
+        if len(fields) >= 6 and fields[1] == "FLOCK" and fields[5] == dev:
+            with contextlib.suppress(ValueError):
+                return int(fields[4])
+    return None
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().rstrip(b"\0").split(b"\0")
+    except OSError:
+        return ""
+    text = " ".join(os.fsdecode(a) for a in argv if a)
+    return text if len(text) <= 100 else text[:97] + "..."
+
+
+def lock_holder(lock_path: str | os.PathLike[str]) -> str:
+    """Who holds ``lock_path``, as words: "pid 1234 (gpulab build: building etcd v3.6.5)"."""
+    lock_path = Path(lock_path)
+    owner = _flock_owner(lock_path)
+    try:
+        info = json.loads(lock_path.read_text(encoding="utf-8"))
+        pid = int(info["pid"])
+    except (OSError, ValueError, KeyError, TypeError):
+        info, pid = None, None
+    if info is not None and pid is not None and _pid_alive(pid) and owner in (None, pid):
+        what = ": ".join(str(x) for x in (info.get("command"), info.get("purpose")) if x)
+        return f"pid {pid} ({what})" if what else f"pid {pid}"
+    if owner is not None:
+        cmd = _cmdline(owner)
+        return f"pid {owner} ({cmd})" if cmd else f"pid {owner}"
+    return "another process"
+
+
+class HeldLock:
+    """An inter-process lock this process holds (see :func:`hold_lock`)."""
+
+    def __init__(self, handle: IO[bytes], path: Path):
+        self._handle = handle
+        self.path = path
+        self.command = _this_command()
+
+    def note(self, purpose: str) -> None:
+        """Tell processes waiting for this lock what its holder is doing now."""
+        info = {"pid": os.getpid(), "command": self.command, "purpose": purpose, "since": int(time.time())}
+        with contextlib.suppress(OSError):
+            self._handle.seek(0)
+            self._handle.truncate()
+            self._handle.write((json.dumps(info) + "\n").encode())
+            self._handle.flush()
+
+    def _clear(self) -> None:
+        with contextlib.suppress(OSError):
+            self._handle.seek(0)
+            self._handle.truncate()
+            self._handle.flush()
+
+
+def _try_lock(handle: IO[bytes]) -> bool:
+    """Take the lock if no one holds it; False (at once) if someone does."""
+    if fcntl is not None:
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        return True
+    handle.seek(0)  # pragma: no cover - Windows
+    try:  # pragma: no cover - Windows
+        msvcrt.locking(handle.fileno(), msvcrt.LK_NBLCK, 1)
+    except OSError:  # pragma: no cover - Windows
+        return False
+    return True  # pragma: no cover - Windows
+
+
+def _unlock(handle: IO[bytes]) -> None:
+    if fcntl is not None:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+    else:  # pragma: no cover - Windows
+        handle.seek(0)
+        msvcrt.locking(handle.fileno(), msvcrt.LK_UNLCK, 1)
+
+
 @contextlib.contextmanager
-def locked(path: str | os.PathLike[str]) -> Iterator[None]:
+def hold_lock(path: str | os.PathLike[str], *, what: str, purpose: str, say: Say | None = None,
+              interval: float = 5.0) -> Iterator[HeldLock]:
+    """Hold the exclusive inter-process lock on the file ``path``; wait for it out loud.
+
+    While another process holds it, ``say`` (default: stderr, as gpulab's
+    progress lines) hears every ``interval`` seconds what this process waits
+    for, who holds it and for how long it has waited, e.g. "waiting for the
+    build lock ~/.cache/gpulab/build.lock held by pid 1234 (gpulab build:
+    building kubernetes v1.37.2), 35 s so far". Once held, this process's pid,
+    command line and ``purpose`` are written into the file for the next
+    waiter to read; :meth:`HeldLock.note` updates the purpose.
+    """
+    lock_path = Path(path)
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    say = say or _say_stderr
+    # "a+b", not "w": opening must not wipe what the current holder wrote.
+    with open(lock_path, "a+b") as handle:
+        started = time.monotonic()
+        next_message = started + min(interval, 1.0)  # a moment's contention stays quiet
+        delay = 0.005
+        told = False
+        while not _try_lock(handle):
+            now = time.monotonic()
+            if now >= next_message:
+                say(f"waiting for {what} {_shown(lock_path)} held by {lock_holder(lock_path)}, "
+                    f"{now - started:.0f} s so far")
+                told = True
+                next_message = now + interval
+            time.sleep(max(0.0, min(delay, next_message - time.monotonic())))
+            delay = min(delay * 2, 0.1)
+        held = HeldLock(handle, lock_path)
+        try:
+            if told:
+                say(f"got {what} after {time.monotonic() - started:.0f} s")
+            held.note(purpose)
+            yield held
+        finally:
+            held._clear()
+            _unlock(handle)
+
+
+@contextlib.contextmanager
+def locked(path: str | os.PathLike[str], *, purpose: str | None = None, say: Say | None = None,
+           interval: float = 5.0) -> Iterator[None]:
     """Hold an exclusive inter-process lock associated with ``path``.
 
     The lock lives on ``<path>.lock`` rather than on ``path`` itself because
     ``os.replace`` swaps the inode of ``path``: a lock taken on the old inode
-    would not exclude a writer that opened the new one.
+    would not exclude a writer that opened the new one. Waiting for it is
+    reported as :func:`hold_lock` does.
     """
-    lock_path = Path(f"{os.fspath(path)}.lock")
-    lock_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(lock_path, "a+b") as handle:
-        if fcntl is not None:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
-        else:  # pragma: no cover - Windows
-            handle.seek(0)
-            msvcrt.locking(handle.fileno(), msvcrt.LK_LOCK, 1)
-            try:
-                yield
-            finally:
-                handle.seek(0)
-                msvcrt.locking(handle.fileno(), msvcrt.LK_UNLCK, 1)
+    target = Path(os.fspath(path))
+    with hold_lock(Path(f"{os.fspath(path)}.lock"), what=f"the lock on {_shown(target)}",
+                   purpose=purpose or f"updating {target.name}", say=say, interval=interval):
+        yield

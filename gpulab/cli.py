@@ -60,6 +60,25 @@ def main() -> None:
 
 # -- cluster lifecycle -----------------------------------------------------------
 
+def _topology_failed(e) -> None:
+    """Exit 2 with every mistake of a topology file, one per line."""
+    if len(e.errors) > 1:
+        _fail(f"{len(e.errors)} errors in the topology file; nothing was started or changed:\n"
+              + "\n".join(f"  {err}" for err in e.errors), 2)
+    _fail(str(e), 2)
+
+
+def _check_topology(path: Path | None) -> None:
+    """Validate ``--topology FILE`` before anything is started, stopped or written."""
+    from .cluster.topology import TopologyError, load
+
+    if path is not None:
+        try:
+            load(path)
+        except TopologyError as e:
+            _topology_failed(e)
+
+
 @main.command()
 @click.option("--topology", "-t", type=click.Path(dir_okay=False, path_type=Path),
               help="Topology file (default: manifests/topologies/default.yaml).")
@@ -74,18 +93,21 @@ def up(topology: Path | None, timeout: float, backend_name: str | None) -> None:
     from .cluster.kind import KindError
     from .cluster.topology import TopologyError
 
+    _check_topology(topology)
     if backend_name and backend_name != backend.chosen() and _cluster().exists():
         _fail(f"this GPULAB_HOME already has a cluster of the {backend.chosen()} backend; `gpulab down --purge` deletes it "
               f"before `gpulab up --backend {backend_name}`", 2)
     try:
         cluster = backend.current(backend_name) if backend_name else _cluster()
+        _recover_graders(cluster)  # a running one: before up's readiness waits run into a grader's fault
         click.echo(cluster.up(topology, timeout=timeout))
     except TopologyError as e:
-        _fail(str(e), 2)
+        _topology_failed(e)
     except (BinaryError, ClusterError, KindError) as e:
         _fail(str(e))
     if backend_name:
         backend.choose(backend_name)
+    _recover_graders(cluster)  # one that was down: once it is up
 
 
 @main.command()
@@ -113,10 +135,11 @@ def reset(topology: Path | None) -> None:
     from .cluster.kind import KindError
     from .cluster.topology import TopologyError
 
+    _check_topology(topology)
     try:
         click.echo(_cluster().reset(topology))
     except TopologyError as e:
-        _fail(str(e), 2)
+        _topology_failed(e)
     except (BinaryError, ClusterError, KindError) as e:
         _fail(str(e))
 
@@ -333,6 +356,20 @@ def fault_list() -> None:
 
 # -- labs and grading ------------------------------------------------------------
 
+def _recover_graders(cluster) -> None:
+    """Put back what a killed `gpulab grade`/`check` left on the cluster; one line per thing, on stderr."""
+    from .grading.cluster import recover
+    from .grading.journal import report
+
+    try:
+        outcomes = recover(cluster)
+    except Exception as e:  # noqa: BLE001 - the command itself still runs
+        click.echo(f"gpulab: warning: could not look for interrupted graders: {e}", err=True)
+        return
+    for line in report(outcomes):
+        click.echo(line if line.startswith(" ") else f"gpulab: {line}", err=True)
+
+
 def _mark(outcome) -> str:
     return "✅" if outcome.passed else ("🟡" if outcome.earned > 0 else "❌")
 
@@ -347,6 +384,7 @@ def check_cmd(notebook: Path, lab: str | None, out_dir: Path | None, no_jail: bo
     """Run a lab notebook as the grader does and show each check's points and feedback."""
     from .grading.grader import GradingError, check_notebook
 
+    _recover_graders(_cluster())
     click.echo(f"running {notebook} in a fresh namespace as a namespace-scoped identity ...", err=True)
     try:
         report = check_notebook(notebook, lab=lab, out_dir=out_dir, jail=not no_jail)
@@ -374,20 +412,24 @@ def check_cmd(notebook: Path, lab: str | None, out_dir: Path | None, no_jail: bo
 @click.option("--hidden", type=click.Path(exists=True, file_okay=False, path_type=Path),
               help="Directory of hidden check modules (never shown to learners).")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path),
-              help="Output directory (default: ./grades/<lab>).")
+              help="Output directory (default: ./grades/<lab>). An existing gradebook there is merged into: "
+                   "the learners graded now replace their rows, all other rows stay.")
+@click.option("--learner", "learners", multiple=True, metavar="NAME",
+              help="Grade only this learner's submission (repeatable).")
 @click.option("--no-jail", is_flag=True, help="Run submissions without the grading jail (trusted submissions only).")
 @click.option("--reset-cluster", is_flag=True,
               help="For cluster-wide labs, reset the whole cluster between submissions instead of restoring "
                    "what the lab may touch (slower).")
-def grade(submissions: Path, lab: str, hidden: Path | None, out_dir: Path | None, no_jail: bool,
-          reset_cluster: bool) -> None:
-    """Grade every notebook in SUBMISSIONS into a CSV gradebook and zh-CN feedback per learner."""
+def grade(submissions: Path, lab: str, hidden: Path | None, out_dir: Path | None, learners: tuple[str, ...],
+          no_jail: bool, reset_cluster: bool) -> None:
+    """Grade the notebooks in SUBMISSIONS into a CSV gradebook and zh-CN feedback per learner."""
     from .grading.grader import GradingError, grade_submissions
 
     out = out_dir or Path("grades") / lab
+    _recover_graders(_cluster())
     try:
         result = grade_submissions(submissions, lab, out, hidden=hidden, jail=not no_jail,
-                                   restore="reset" if reset_cluster else "targeted")
+                                   restore="reset" if reset_cluster else "targeted", learners=learners or None)
     except GradingError as e:
         _fail(str(e))
     click.echo(result.summary_text())

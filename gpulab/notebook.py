@@ -386,6 +386,7 @@ class Lab:
         from .fakegpu import faults, operator
         from .fakegpu.config import CONFIG_LABEL
         from .fakegpu.gfd import MIG_CONFIG_LABEL, MIG_CONFIG_STATE_LABEL
+        from .grading import gpustack
 
         done = []
         gpu_nodes = [n.name for n in self.topology().gpu_nodes]
@@ -398,10 +399,8 @@ class Lab:
                 self.kube.delete(kind, name, ns)
                 done.append(f"删除了 {ns}/{name}（{kind}）")
         installed = yaml.safe_load((operator.manifests_dir() / "30-cluster-policy.yaml").read_text())["spec"]
-        policy = self.kube.get("ClusterPolicy", operator.POLICY_NAME)
-        if policy is not None and policy.get("spec") != installed:
-            policy["spec"] = installed
-            self.kube.request("PUT", self.kube.path("ClusterPolicy", operator.POLICY_NAME), policy)
+        # A merge patch: a GET-then-PUT races the operator's status writes (Conflict).
+        if gpustack.put_policy_spec(self.kube, installed):
             done.append(f"ClusterPolicy {operator.POLICY_NAME} 恢复为安装时的配置")
         mig_default = str(((installed.get("migManager") or {}).get("config") or {}).get("default") or "all-disabled")
         for name in gpu_nodes:
@@ -524,6 +523,8 @@ def setup(lesson: str, *, namespace: str | None = None, node_labels: Sequence[st
     changes the GPU stack (faults, the ClusterPolicy, device-plugin ConfigMaps in ``gpu-operator``
     from its manifest folder, ``nvidia.com/device-plugin.config`` / ``nvidia.com/mig.config``);
     reset puts it back as ``gpulab up`` installed it and waits until the cards are whole again.
+    What a killed ``gpulab grade``/``check`` left on the cluster (its journal: a fault, a taint, …)
+    is put back first, and said, in zh-CN (:mod:`gpulab.grading.journal`).
     """
     global _lab
     from .cluster import backend
@@ -543,6 +544,8 @@ def setup(lesson: str, *, namespace: str | None = None, node_labels: Sequence[st
         _say(cluster.up(say=lambda m: _say(f"  {m}")))
     lab = Lab(lesson, namespace or f"lesson-{lesson.split('-', 1)[0]}", cluster, node_labels, node_taints,
               extra_namespaces, gpu_stack)
+    # Before the nodes are waited for: a killed grader may have left the GPUs unreported (a driver fault).
+    _recover_graders(cluster, lab.kube)
     lab._wait_nodes(timeout)
     topo = lab.topology()
     if topology and topo.name != topology:
@@ -560,6 +563,15 @@ def setup(lesson: str, *, namespace: str | None = None, node_labels: Sequence[st
     _say(f"✅ 集群就绪：{len(topo.nodes)} 个节点（{len(topo.gpu_nodes)} 个 GPU 节点，共 {gpus} 张卡）；"
          f"kubectl 默认命名空间：{lab.namespace}")
     return lab
+
+
+def _recover_graders(cluster: Any, kube: api.Client) -> None:
+    """Put back what a killed ``gpulab grade``/``check`` left on the cluster (a fault, a taint …), saying what."""
+    from .grading import cluster as grading_cluster
+    from .grading import journal
+
+    for line in journal.report(grading_cluster.recover(cluster, kube), lang="zh"):
+        _say(line if line.startswith(" ") else f"⚠️ {line}")
 
 
 def reset_lesson(quiet: bool = False) -> Changes:

@@ -8,9 +8,10 @@ typed models and discovery: this keeps start-up fast and memory small.
 from __future__ import annotations
 
 import json
+import random
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator, TypeVar
 
 import urllib.parse
 
@@ -66,6 +67,33 @@ class Conflict(Exception):
 
 class Gone(Exception):
     """A watch's resourceVersion is too old; list again."""
+
+
+T = TypeVar("T")
+
+
+def retry_on_conflict(fn: Callable[[], T], *, steps: int = 5, duration: float = 0.010, factor: float = 1.0,
+                      jitter: float = 0.1, sleep: Callable[[float], None] = time.sleep) -> T:
+    """Run ``fn`` again while it fails with :class:`Conflict`, as client-go's ``retry.RetryOnConflict``.
+
+    ``fn`` must do the whole read-modify-write: GET the object, apply the
+    change to what it got, PUT it (the apiserver checks its resourceVersion).
+    A 409 means someone wrote in between; the next try starts from a fresh GET.
+    The defaults are client-go's ``retry.DefaultRetry``: at most 5 tries,
+    10 ms apart (times ``factor`` after each), plus up to 10 % jitter. After
+    the last try the Conflict is raised; any other error at once.
+    Where the change does not depend on what is there, a patch needs none of this.
+    """
+    delay = duration
+    for attempt in range(1, steps + 1):
+        try:
+            return fn()
+        except Conflict:
+            if attempt >= steps:
+                raise
+        sleep(delay + (delay * jitter * random.random() if jitter > 0 else 0.0))
+        delay *= factor
+    raise AssertionError("unreachable")  # pragma: no cover - steps < 1
 
 
 class ApiError(Exception):
@@ -188,6 +216,11 @@ class Client:
                  "json": "application/json-patch+json"}[strategy]
         return self.request("PATCH", self.path(kind, name, namespace, subresource), patch, content_type=ctype)
 
+    def replace(self, obj: dict[str, Any]) -> dict[str, Any]:
+        """PUT the whole object; its metadata.resourceVersion makes a stale write a :class:`Conflict`."""
+        md = obj["metadata"]
+        return self.request("PUT", self.path(obj["kind"], md["name"], md.get("namespace")), obj)
+
     def replace_status(self, obj: dict[str, Any]) -> dict[str, Any]:
         md = obj["metadata"]
         return self.request("PUT", self.path(obj["kind"], md["name"], md.get("namespace"), "status"), obj)
@@ -248,30 +281,14 @@ class Client:
         raise TimeoutError(f"CRD {name} not Established after {timeout:.0f} s")
 
     def event(self, involved: dict[str, Any], reason: str, message: str, type_: str = "Normal",
-              component: str = "kubelet", host: str | None = None) -> None:
-        """Record a core/v1 Event about ``involved`` (as kubectl describe shows them)."""
-        md = involved["metadata"]
-        ns = md.get("namespace") or "default"
-        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        ev = {
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {"generateName": f"{md['name']}.", "namespace": ns},
-            "involvedObject": {
-                "apiVersion": involved.get("apiVersion", "v1"), "kind": involved["kind"],
-                "name": md["name"], "namespace": md.get("namespace"), "uid": md.get("uid"),
-            },
-            "reason": reason,
-            "message": message,
-            "type": type_,
-            "source": {"component": component, **({"host": host} if host else {})},
-            "firstTimestamp": now,
-            "lastTimestamp": now,
-            "count": 1,
-            "reportingComponent": component,
-            "reportingInstance": host or component,
-        }
-        try:
-            self.create(ev)
-        except (ApiError, NotFound, Conflict):
-            pass  # events are best effort, as in the kubelet
+              component: str = "kubelet", host: str | None = None) -> dict[str, Any] | None:
+        """Record a core/v1 Event about ``involved`` (as kubectl describe shows them).
+
+        Through the process's :class:`~gpulab.cluster.events.EventRecorder`,
+        as client-go's recorder: the same event again increments ``count`` of
+        the existing Event object. Best effort: returns the Event as written,
+        or None, and never raises.
+        """
+        from .events import RECORDER
+
+        return RECORDER.event(self, involved, reason, message, type_, component=component, host=host)

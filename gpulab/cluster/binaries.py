@@ -12,7 +12,6 @@ later run finds the stamp file and builds nothing.
 from __future__ import annotations
 
 import dataclasses
-import fcntl
 import hashlib
 import json
 import os
@@ -25,6 +24,7 @@ from pathlib import Path
 from typing import Callable
 
 from .. import paths, versions
+from .._fsutil import hold_lock
 
 GOBUILD = Path(__file__).resolve().parent / "gobuild"
 
@@ -242,17 +242,7 @@ def ensure(progress: Progress | None = None) -> Binaries:
         return _from_bin_dir(Path(os.environ["GPULAB_BIN_DIR"]).expanduser())
     todo = [b for b in BUILDS if not _is_built(b)]
     if todo:
-        go = _go()
-        lock_path = paths.cache() / "build.lock"
-        lock_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(lock_path, "w") as lock:
-            # Two `make` runs on one machine must not build into the same place.
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            for b in todo:
-                if not _is_built(b):
-                    say(f"building {b.name} {b.version} from the Go module proxy "
-                        "(once; later runs reuse it)")
-                    _build(b, go, say)
+        _build_locked(todo, _go(), say)
     found: dict[str, Path] = {}
     for b in BUILDS:
         for _, out in b.programs:
@@ -270,15 +260,35 @@ def ensure_build(build: Build, progress: Progress | None = None) -> Path:
     """Build one optional wrapper module (not in BUILDS, e.g. kind) once; returns its bin dir."""
     say = progress or (lambda msg: print(f"gpulab: {msg}", file=sys.stderr, flush=True))
     if not _is_built(build):
-        go = _go()
-        lock_path = paths.cache() / "build.lock"
-        lock_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(lock_path, "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            if not _is_built(build):
-                say(f"building {build.name} {build.version} from the Go module proxy (once; later runs reuse it)")
-                _build(build, go, say)
+        _build_locked([build], _go(), say)
     return build.bin_dir
+
+
+def build_lock_path() -> Path:
+    return paths.cache() / "build.lock"
+
+
+def _build_locked(todo: list[Build], go: str, say: Progress, interval: float = 5.0) -> None:
+    """Build what ``todo`` still lacks, holding the build lock.
+
+    Two `make` runs on one machine must not build into the same place; the
+    second one waits, and says every few seconds whom it waits for (the lock
+    file tells which program holds it and what it is compiling).
+    """
+    purpose = "building " + ", ".join(f"{b.name} {b.version}" for b in todo)
+    with hold_lock(build_lock_path(), what="the build lock", purpose=purpose, say=say,
+                   interval=interval) as lock:
+        for b in todo:
+            if _is_built(b):  # the process we waited for built it
+                continue
+            say(f"building {b.name} {b.version} from the Go module proxy (once; later runs reuse it)")
+            lock.note(f"building {b.name} {b.version}")
+
+            def progress(msg: str, b: Build = b) -> None:
+                say(msg)
+                lock.note(f"building {b.name} {b.version}, {msg}")
+
+            _build(b, go, progress)
 
 
 def status() -> list[dict[str, object]]:

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Callable
 
 from .. import paths
+from ..runtime import shim
 from . import binaries, kubeconfig, nodes, pki
 from .processes import Component, ProcessTable, StartError, free_port, http_ok, https_ok, port_is_free, who_listens
 from .statedir import StateDir
@@ -143,7 +144,9 @@ class EmbeddedCluster(StateDir):
             from ..fakegpu import monitoring
             from ..fakegpu import operator as gpu_operator
 
-            gpu_operator.install(self.kubeconfig, say, since=(self.root / "node-agent.ready").stat().st_mtime)
+            # The stack's pods live on across a restart of the node agent (it adopts
+            # them), so their Ready conditions from before it still hold.
+            gpu_operator.install(self.kubeconfig, say)
             monitoring.install(self.kubeconfig, self.pki, ports["custom-metrics"], say)
         except BaseException as e:
             # Leave nothing half-started behind: what this call started, it stops.
@@ -300,6 +303,10 @@ class EmbeddedCluster(StateDir):
         # Anything else recorded (an old component name) goes too.
         for extra in self.procs.running():
             self.procs.stop(extra)
+        # Containers outlive a killed node agent under their shims; with the node down, they stop.
+        orphans = shim.stop_orphans(self.root / "pods")
+        if orphans:
+            say(f"stopped {orphans} container(s) left running by a node agent that died")
         if purge:
             shutil.rmtree(self.root, ignore_errors=True)
             return f"cluster stopped and deleted ({self.root})"

@@ -45,6 +45,14 @@ def free_port(preferred: int | None = None) -> int:
 
 
 def port_is_free(port: int) -> bool:
+    """Whether a server could listen on 127.0.0.1:``port`` now.
+
+    Binds as the servers themselves do: Go's net.Listen (etcd, the Kubernetes
+    components, kwok) and Python's http.server set SO_REUSEADDR. A port whose
+    last listener just exited still has its accepted connections in TIME_WAIT
+    for a minute; they do not stop such a server, so they must not make
+    `gpulab up` move the port. A socket listening on it does.
+    """
     with socket.socket() as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:

@@ -15,7 +15,8 @@ A topology is a YAML file (see ``manifests/topologies/``)::
       taints: [{key, value, effect}] # optional
 
 Every problem is reported as ``<file>: <field>: <what is wrong>; <what is allowed>``
-so that a learner can fix the file without reading code.
+so that a learner can fix the file without reading code, and every problem in the
+file is reported at once (:class:`TopologyError` ``.errors``), not just the first.
 """
 
 from __future__ import annotations
@@ -37,8 +38,33 @@ LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
 MAX_NODES = 200
 
 
+@dataclasses.dataclass(frozen=True)
+class TopologyIssue:
+    """One mistake in a topology file: which file, which field, what is wrong and what is allowed."""
+
+    source: str
+    field: str
+    message: str
+
+    def __str__(self) -> str:
+        return ": ".join(part for part in (self.source, self.field, self.message) if part)
+
+
 class TopologyError(ValueError):
-    """A topology file is malformed; the message names file, field and what is allowed."""
+    """A topology file is malformed.
+
+    ``errors`` holds every mistake found in the file (one :class:`TopologyIssue`
+    each); ``str()`` renders them one per line, each as
+    ``<file>: <field>: <what is wrong>; <what is allowed>``.
+    """
+
+    def __init__(self, errors: str | TopologyIssue | list[TopologyIssue]):
+        if isinstance(errors, str):
+            errors = [TopologyIssue("", "", errors)]
+        elif isinstance(errors, TopologyIssue):
+            errors = [errors]
+        self.errors: list[TopologyIssue] = list(errors)
+        super().__init__("\n".join(str(e) for e in self.errors))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,172 +115,252 @@ def default_path() -> Path:
 
 
 class _Reader:
+    """Reads one topology file, collecting every mistake instead of stopping at the first.
+
+    Each reader returns None for a value it could not accept (the mistake is
+    recorded); callers then skip whatever would only repeat that mistake.
+    """
+
     def __init__(self, source: Path):
         self.source = source
+        self.errors: list[TopologyIssue] = []
 
-    def fail(self, field: str, msg: str) -> TopologyError:
-        return TopologyError(f"{self.source}: {field}: {msg}")
+    def fail(self, field: str, msg: str) -> None:
+        self.errors.append(TopologyIssue(str(self.source), field, msg))
 
-    def mapping(self, value: Any, field: str) -> dict[str, Any]:
+    def mapping(self, value: Any, field: str) -> dict[str, Any] | None:
         if not isinstance(value, dict):
-            raise self.fail(field, f"expected a mapping, got {type(value).__name__}")
+            self.fail(field, f"expected a mapping, got {type(value).__name__}")
+            return None
         return value
 
     def only(self, m: dict[str, Any], field: str, allowed: tuple[str, ...]) -> None:
         for key in m:
             if key not in allowed:
-                raise self.fail(f"{field}.{key}" if field else key,
-                                f"unknown field; allowed: {', '.join(allowed)}")
+                self.fail(f"{field}.{key}" if field else str(key),
+                          f"unknown field; allowed: {', '.join(allowed)}")
 
-    def string(self, m: dict[str, Any], key: str, field: str, default: str | None = None) -> str:
+    def string(self, m: dict[str, Any], key: str, field: str, default: str | None = None,
+               required: str = "") -> str | None:
         value = m.get(key, default)
         if value is None:
-            raise self.fail(f"{field}.{key}", "is required")
+            self.fail(f"{field}.{key}", "is required" + (f"; {required}" if required else ""))
+            return None
         if isinstance(value, bool) or not isinstance(value, (str, int, float)):
-            raise self.fail(f"{field}.{key}", f"expected a string, got {type(value).__name__}")
+            self.fail(f"{field}.{key}", f"expected a string, got {type(value).__name__}")
+            return None
         return str(value)
 
-    def count(self, m: dict[str, Any], key: str, field: str, default: int | None, minimum: int) -> int:
+    def count(self, m: dict[str, Any], key: str, field: str, default: int | None, minimum: int) -> int | None:
         value = m.get(key, default)
         if value is None:
-            raise self.fail(f"{field}.{key}", "is required")
+            self.fail(f"{field}.{key}", f"is required; an integer >= {minimum}")
+            return None
         if isinstance(value, bool) or not isinstance(value, int):
-            raise self.fail(f"{field}.{key}", f"expected an integer, got {value!r}")
+            self.fail(f"{field}.{key}", f"expected an integer >= {minimum}, got {value!r}")
+            return None
         if value < minimum:
-            raise self.fail(f"{field}.{key}", f"must be >= {minimum}, got {value}")
+            self.fail(f"{field}.{key}", f"must be >= {minimum}, got {value}")
+            return None
         return value
 
-    def quantity(self, m: dict[str, Any], key: str, field: str, default: str) -> str:
+    def quantity(self, m: dict[str, Any], key: str, field: str, default: str) -> str | None:
         value = self.string(m, key, field, default)
+        if value is None:
+            return None
         if not QUANTITY.match(value):
-            raise self.fail(f"{field}.{key}",
-                            f"{value!r} is not a Kubernetes quantity (e.g. \"16\", \"500m\", \"64Gi\")")
+            self.fail(f"{field}.{key}",
+                      f"{value!r} is not a Kubernetes quantity (e.g. \"16\", \"500m\", \"64Gi\")")
+            return None
         return value
+
+
+_TOP_KEYS = ("apiVersion", "kind", "metadata", "nodePools")
+_METADATA_KEYS = ("name",)
+_POOL_KEYS = ("name", "count", "names", "cpu", "memory", "pods", "gpu", "labels", "taints")
 
 
 def load(path: str | Path | None = None) -> Topology:
-    """Read and validate a topology file (default: ``manifests/topologies/default.yaml``)."""
+    """Read and validate a topology file (default: ``manifests/topologies/default.yaml``).
+
+    Raises :class:`TopologyError` listing every mistake in the file (a YAML
+    syntax error stops parsing, so it is reported alone, with its line and column).
+    """
     source = Path(path) if path else default_path()
     r = _Reader(source)
     try:
         text = source.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise TopologyError(f"{source}: no such file") from None
+        raise TopologyError(TopologyIssue(str(source), "", "no such file")) from None
     except OSError as e:
-        raise TopologyError(f"{source}: cannot read: {e.strerror}") from None
+        raise TopologyError(TopologyIssue(str(source), "", f"cannot read: {e.strerror}")) from None
     try:
         doc = yaml.safe_load(text)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "YAML"
         problem = getattr(e, "problem", None) or str(e)
-        raise TopologyError(f"{source}: {where}: invalid YAML: {problem}") from None
+        raise TopologyError(TopologyIssue(str(source), where, f"invalid YAML: {problem}")) from None
     doc = r.mapping(doc, "(top level)")
-    r.only(doc, "", ("apiVersion", "kind", "metadata", "nodePools"))
+    if doc is None:
+        raise TopologyError(r.errors)
+    r.only(doc, "", _TOP_KEYS)
     if doc.get("kind", "Topology") != "Topology":
-        raise r.fail("kind", f"expected Topology, got {doc.get('kind')!r}")
+        r.fail("kind", f"expected Topology, got {doc.get('kind')!r}")
     if doc.get("apiVersion", "gpulab.io/v1alpha1") != "gpulab.io/v1alpha1":
-        raise r.fail("apiVersion", f"expected gpulab.io/v1alpha1, got {doc.get('apiVersion')!r}")
+        r.fail("apiVersion", f"expected gpulab.io/v1alpha1, got {doc.get('apiVersion')!r}")
+    name = source.stem
     meta = r.mapping(doc.get("metadata") or {}, "metadata")
-    name = r.string(meta, "name", "metadata", source.stem)
+    if meta is not None:
+        r.only(meta, "metadata", _METADATA_KEYS)
+        name = r.string(meta, "name", "metadata", source.stem) or name
     pools = doc.get("nodePools")
     if not isinstance(pools, list) or not pools:
-        raise r.fail("nodePools", "expected a non-empty list of node pools")
+        r.fail("nodePools", "expected a non-empty list of node pools")
+        pools = []
     nodes: list[NodeSpec] = []
     seen: dict[str, str] = {}
     pool_names: set[str] = set()
+    errors_before_pools = len(r.errors)
     for i, raw in enumerate(pools):
-        field = f"nodePools[{i}]"
-        pool = r.mapping(raw, field)
-        r.only(pool, field, ("name", "count", "names", "cpu", "memory", "pods", "gpu", "labels", "taints"))
-        pname = r.string(pool, "name", field)
-        if not DNS_LABEL.match(pname):
-            raise r.fail(f"{field}.name", f"{pname!r} is not a DNS label (lowercase letters, digits, '-')")
-        if pname in pool_names:
-            raise r.fail(f"{field}.name", f"duplicate pool name {pname!r}; pool names must be unique")
-        pool_names.add(pname)
-        names = pool.get("names")
-        if names is not None:
-            if not isinstance(names, list) or not all(isinstance(n, str) for n in names) or not names:
-                raise r.fail(f"{field}.names", "expected a non-empty list of node names")
-            if "count" in pool and pool["count"] != len(names):
-                raise r.fail(f"{field}.count", f"is {pool['count']!r} but {len(names)} names are given")
-            count = len(names)
-        else:
-            count = r.count(pool, "count", field, 1, 0)
-            names = [f"{pname}-node-{k}" for k in range(1, count + 1)]
-        cpu = r.quantity(pool, "cpu", field, "16")
-        memory = r.quantity(pool, "memory", field, "64Gi")
-        pods = r.count(pool, "pods", field, 110, 1)
-        model, gpus = _gpu(r, pool.get("gpu"), f"{field}.gpu")
-        labels = _labels(r, pool.get("labels"), f"{field}.labels")
-        taints = _taints(r, pool.get("taints"), f"{field}.taints")
-        for k, node_name in enumerate(names):
-            nfield = f"{field}.names[{k}]" if pool.get("names") is not None else f"{field}.name"
-            if not DNS_LABEL.match(node_name):
-                raise r.fail(nfield, f"node name {node_name!r} is not a DNS label")
-            if node_name in seen:
-                raise r.fail(nfield, f"duplicate node name {node_name!r} (also in {seen[node_name]}); "
-                                     "node names must be unique")
-            seen[node_name] = field
-            nodes.append(NodeSpec(node_name, pname, cpu, memory, pods, model, gpus, labels, taints))
-    if not nodes:
-        raise r.fail("nodePools", "the topology has no nodes (every count is 0)")
+        nodes.extend(_pool(r, raw, f"nodePools[{i}]", seen, pool_names))
+    if pools and not nodes and len(r.errors) == errors_before_pools:
+        r.fail("nodePools", "the topology has no nodes (every count is 0)")
     if len(nodes) > MAX_NODES:
-        raise r.fail("nodePools", f"{len(nodes)} nodes; at most {MAX_NODES} are allowed")
+        r.fail("nodePools", f"{len(nodes)} nodes; at most {MAX_NODES} are allowed")
+    if r.errors:
+        raise TopologyError(r.errors)
     return Topology(name, source, tuple(nodes))
 
 
-def _gpu(r: _Reader, raw: Any, field: str) -> tuple[str | None, int]:
+def _pool(r: _Reader, raw: Any, field: str, seen: dict[str, str], pool_names: set[str]) -> list[NodeSpec]:
+    """The nodes of one pool; every mistake in it is recorded on ``r``."""
+    pool = r.mapping(raw, field)
+    if pool is None:
+        return []
+    errors_before = len(r.errors)
+    r.only(pool, field, _POOL_KEYS)
+    pname = r.string(pool, "name", field, required="a DNS label, e.g. gpu")
+    generated_ok = pname is not None  # may node names be derived from the pool name?
+    if pname is not None:
+        if not DNS_LABEL.match(pname):
+            r.fail(f"{field}.name", f"{pname!r} is not a DNS label (lowercase letters, digits, '-')")
+            generated_ok = False
+        elif pname in pool_names:
+            r.fail(f"{field}.name", f"duplicate pool name {pname!r}; pool names must be unique")
+            generated_ok = False
+        pool_names.add(pname)
+    names = pool.get("names")
+    node_names: list[tuple[str, str]] = []
+    if names is not None:
+        if not isinstance(names, list) or not all(isinstance(n, str) for n in names) or not names:
+            r.fail(f"{field}.names", "expected a non-empty list of node names")
+        else:
+            if "count" in pool and pool["count"] != len(names):
+                r.fail(f"{field}.count", f"is {pool['count']!r} but {len(names)} names are given")
+            node_names = [(n, f"{field}.names[{k}]") for k, n in enumerate(names)]
+    else:
+        count = r.count(pool, "count", field, 1, 0)
+        if count is not None and generated_ok:
+            node_names = [(f"{pname}-node-{k}", f"{field}.name") for k in range(1, count + 1)]
+    cpu = r.quantity(pool, "cpu", field, "16")
+    memory = r.quantity(pool, "memory", field, "64Gi")
+    pods = r.count(pool, "pods", field, 110, 1)
+    gpu = _gpu(r, pool.get("gpu"), f"{field}.gpu")
+    labels = _labels(r, pool.get("labels"), f"{field}.labels")
+    taints = _taints(r, pool.get("taints"), f"{field}.taints")
+    nodes: list[NodeSpec] = []
+    for node_name, nfield in node_names:
+        if not DNS_LABEL.match(node_name):
+            r.fail(nfield, f"node name {node_name!r} is not a DNS label (lowercase letters, digits, '-')")
+            continue
+        if node_name in seen:
+            r.fail(nfield, f"duplicate node name {node_name!r} (also in {seen[node_name]}); "
+                           "node names must be unique")
+            continue
+        seen[node_name] = field
+        if len(r.errors) == errors_before:
+            assert pname is not None and cpu is not None and memory is not None and pods is not None
+            assert gpu is not None and labels is not None and taints is not None
+            nodes.append(NodeSpec(node_name, pname, cpu, memory, pods, gpu[0], gpu[1], labels, taints))
+    return nodes
+
+
+def _gpu(r: _Reader, raw: Any, field: str) -> tuple[str | None, int] | None:
     if raw is None:
         return None, 0
     gpu = r.mapping(raw, field)
+    if gpu is None:
+        return None
     r.only(gpu, field, ("model", "count"))
     from ..fakegpu import models
 
-    model_name = r.string(gpu, "model", field)
-    try:
-        model = models.get_model(model_name)
-    except models.UnknownGpuModel:
-        allowed = ", ".join(m.key for m in models.list_models())
-        raise r.fail(f"{field}.model", f"unknown GPU model {model_name!r}; allowed: {allowed}") from None
+    allowed = ", ".join(m.key for m in models.list_models())
+    model_key: str | None = None
+    model_name = r.string(gpu, "model", field, required=f"allowed: {allowed}")
+    if model_name is not None:
+        try:
+            model_key = models.get_model(model_name).key
+        except models.UnknownGpuModel:
+            r.fail(f"{field}.model", f"unknown GPU model {model_name!r}; allowed: {allowed}")
     count = r.count(gpu, "count", field, 1, 1)
-    if count > 16:
-        raise r.fail(f"{field}.count", f"{count} GPUs per node; at most 16 are allowed")
-    return model.key, count
+    if count is not None and count > 16:
+        r.fail(f"{field}.count", f"{count} GPUs per node; at most 16 are allowed")
+        count = None
+    if model_key is None or count is None:
+        return None
+    return model_key, count
 
 
-def _labels(r: _Reader, raw: Any, field: str) -> dict[str, str]:
+def _labels(r: _Reader, raw: Any, field: str) -> dict[str, str] | None:
     if raw is None:
         return {}
     labels = r.mapping(raw, field)
+    if labels is None:
+        return None
     out: dict[str, str] = {}
+    ok = True
     for k, v in labels.items():
         if not isinstance(k, str) or not LABEL_KEY.match(k):
-            raise r.fail(field, f"{k!r} is not a valid label key (prefix/name, e.g. node-role.kubernetes.io/ai)")
+            r.fail(field, f"{k!r} is not a valid label key (prefix/name, e.g. node-role.kubernetes.io/ai)")
+            ok = False
         if isinstance(v, bool) or not isinstance(v, (str, int, float)):
-            raise r.fail(f"{field}.{k}", f"label values are strings; quote {v!r}")
-        if not LABEL_VALUE.match(str(v)):
-            raise r.fail(f"{field}.{k}", f"{v!r} is not a valid label value (63 chars of [A-Za-z0-9_.-])")
-        out[k] = str(v)
-    return out
+            r.fail(f"{field}.{k}", f"label values are strings; quote {v!r}")
+            ok = False
+        elif not LABEL_VALUE.match(str(v)):
+            r.fail(f"{field}.{k}", f"{v!r} is not a valid label value (63 chars of [A-Za-z0-9_.-])")
+            ok = False
+        else:
+            out[str(k)] = str(v)
+    return out if ok else None
 
 
-def _taints(r: _Reader, raw: Any, field: str) -> tuple[Taint, ...]:
+def _taints(r: _Reader, raw: Any, field: str) -> tuple[Taint, ...] | None:
     if raw is None:
         return ()
     if not isinstance(raw, list):
-        raise r.fail(field, "expected a list of {key, value, effect}")
+        r.fail(field, "expected a list of {key, value, effect}")
+        return None
     taints = []
+    ok = True
     for i, t in enumerate(raw):
         tf = f"{field}[{i}]"
+        before = len(r.errors)
         t = r.mapping(t, tf)
+        if t is None:
+            ok = False
+            continue
         r.only(t, tf, ("key", "value", "effect"))
-        key = r.string(t, "key", tf)
-        if not LABEL_KEY.match(key):
-            raise r.fail(f"{tf}.key", f"{key!r} is not a valid taint key")
-        effect = r.string(t, "effect", tf)
-        if effect not in TAINT_EFFECTS:
-            raise r.fail(f"{tf}.effect", f"{effect!r}; allowed: {', '.join(TAINT_EFFECTS)}")
-        taints.append(Taint(key, r.string(t, "value", tf, ""), effect))
-    return tuple(taints)
+        key = r.string(t, "key", tf, required="a label-style key, e.g. nvidia.com/gpu")
+        if key is not None and not LABEL_KEY.match(key):
+            r.fail(f"{tf}.key", f"{key!r} is not a valid taint key (prefix/name, e.g. nvidia.com/gpu)")
+        effect = r.string(t, "effect", tf, required=f"allowed: {', '.join(TAINT_EFFECTS)}")
+        if effect is not None and effect not in TAINT_EFFECTS:
+            r.fail(f"{tf}.effect", f"{effect!r}; allowed: {', '.join(TAINT_EFFECTS)}")
+        value = r.string(t, "value", tf, "")
+        if len(r.errors) != before:
+            ok = False
+            continue
+        assert key is not None and effect is not None and value is not None
+        taints.append(Taint(key, value, effect))
+    return tuple(taints) if ok else None

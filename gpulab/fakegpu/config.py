@@ -9,8 +9,10 @@ Two halves:
    rules — ``replicas`` must be an integer >= 2, ``rename`` and ``devices``
    are parsed but ignored, unknown keys are ignored — and reports every
    malformed form as a :class:`ConfigError` naming the field path, the bad
-   value and what is allowed. Things NVIDIA silently ignores come back as
-   ``warnings`` (or errors with ``strict=True``).
+   value and what is allowed. All the mistakes of a file are reported at
+   once (``ConfigError.errors``), not just the first; only a YAML syntax
+   error, which stops parsing, comes alone. Things NVIDIA silently ignores
+   come back as ``warnings`` (or errors with ``strict=True``).
 
 2. :func:`advertised_resources` is the device plugin's device map as a pure
    function: given a GPU model, a GPU count, a node name, a parsed config and
@@ -106,6 +108,11 @@ class ConfigError(ValueError):
     ``path`` is the field (``sharing.timeSlicing.resources[0].replicas``),
     ``value`` the offending value (absent for missing fields), ``allowed``
     what would have been accepted.
+
+    ``errors`` lists every mistake found (each a ConfigError of its own; a
+    single mistake lists itself). When there are several, ``path``,
+    ``problem``, ``value`` and ``allowed`` are the first one's and ``str()``
+    renders all of them, one per line.
     """
 
     def __init__(self, path: str, problem: str, value: Any = _MISSING, allowed: str | None = None):
@@ -113,12 +120,38 @@ class ConfigError(ValueError):
         self.problem = problem
         self.value = None if value is _MISSING else value
         self.allowed = allowed
+        self.errors: list[ConfigError] = [self]
         msg = f"{path}: {problem}"
         if value is not _MISSING:
             msg += f" (got {_show(value)})"
         if allowed:
             msg += f"; allowed: {allowed}"
         super().__init__(msg)
+
+    @classmethod
+    def collect(cls, errors: Iterable[ConfigError]) -> ConfigError:
+        """One exception carrying all of ``errors`` (flattened; a single one is returned as is)."""
+        flat = [leaf for e in errors for leaf in e.errors]
+        if not flat:
+            raise ValueError("ConfigError.collect needs at least one error")
+        if len(flat) == 1:
+            return flat[0]
+        first = flat[0]
+        combined = cls.__new__(cls)
+        ValueError.__init__(combined, "\n".join(str(e) for e in flat))
+        combined.path, combined.problem = first.path, first.problem
+        combined.value, combined.allowed = first.value, first.allowed
+        combined.errors = flat
+        return combined
+
+    def summary(self, limit: int = 10) -> str:
+        """``str()`` shortened for one-line places (Events, logs): at most ``limit`` errors."""
+        if len(self.errors) == 1:
+            return str(self.errors[0])
+        shown = "\n".join(str(e) for e in self.errors[:limit])
+        more = len(self.errors) - limit
+        tail = f"\n... and {more} more" if more > 0 else ""
+        return f"{len(self.errors)} errors:\n{shown}{tail}"
 
 
 class DevicePluginError(ValueError):
@@ -266,7 +299,12 @@ DEFAULT_CONFIG = DevicePluginConfig()
 
 
 class _StrictLoader(yaml.SafeLoader):
-    """SafeLoader that refuses duplicate keys instead of keeping the last."""
+    """SafeLoader that records duplicate keys (as errors) instead of silently keeping the last."""
+
+    def __init__(self, stream: Any, source: str = "config"):
+        super().__init__(stream)
+        self.source = source
+        self.duplicates: list[ConfigError] = []
 
 
 def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
@@ -276,10 +314,10 @@ def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool
         key = loader.construct_object(key_node, deep=deep)
         if key in result:
             mark = key_node.start_mark
-            raise ConfigError(
-                f"line {mark.line + 1}, column {mark.column + 1}",
+            loader.duplicates.append(ConfigError(
+                f"{loader.source} (line {mark.line + 1}, column {mark.column + 1})",
                 f"duplicate key {key!r}; the device plugin would silently keep only one of them",
-            )
+            ))
         result[key] = loader.construct_object(value_node, deep=deep)
     return result
 
@@ -287,17 +325,19 @@ def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool
 _StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
 
 
-def _load_yaml(text: str | bytes, source: str) -> Any:
+def _load_yaml(text: str | bytes, source: str) -> tuple[Any, list[ConfigError]]:
+    """The document, and one error per duplicate key. A syntax error stops parsing: raised alone."""
+    loader = _StrictLoader(text, source)
     try:
-        return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - SafeLoader subclass
-    except ConfigError as exc:  # duplicate key: name the document too
-        raise ConfigError(f"{source} ({exc.path})", exc.problem) from None
+        return loader.get_single_data(), loader.duplicates
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "?"
         raise ConfigError(source, f"not valid YAML at {where}: {exc.problem}") from exc
     except yaml.YAMLError as exc:
         raise ConfigError(source, f"not valid YAML: {exc}") from exc
+    finally:
+        loader.dispose()
 
 
 # --------------------------------------------------------------------------
@@ -305,16 +345,33 @@ def _load_yaml(text: str | bytes, source: str) -> Any:
 
 
 class _Ctx:
-    """Collects warnings and knows whether they should be errors."""
+    """Collects warnings and errors (all of them), and knows whether warnings should be errors."""
 
     def __init__(self, strict: bool):
         self.strict = strict
         self.warnings: list[str] = []
+        self.errors: list[ConfigError] = []
+
+    def error(self, exc: ConfigError) -> None:
+        self.errors.extend(exc.errors)
+
+    def check(self, fn: Any, *args: Any, default: Any = None) -> Any:
+        """``fn(*args)``; a ConfigError it raises is recorded and ``default`` returned instead."""
+        try:
+            return fn(*args)
+        except ConfigError as exc:
+            self.error(exc)
+            return default
 
     def ignored(self, path: str, message: str) -> None:
         if self.strict:
-            raise ConfigError(path, message + " (strict mode)")
+            self.error(ConfigError(path, message + " (strict mode)"))
+            return
         self.warnings.append(f"{path}: {message}")
+
+    def raise_errors(self) -> None:
+        if self.errors:
+            raise ConfigError.collect(self.errors)
 
 
 class _Obj:
@@ -346,11 +403,13 @@ class _Obj:
                 )
             else:
                 hint = difflib.get_close_matches(raw_key, known, n=1, cutoff=0.6)
-                tip = f"; did you mean {hint[0]!r}?" if hint else ""
-                ctx.ignored(f"{path}.{raw_key}", f"unknown key, ignored by the device plugin{tip}")
+                tip = f" (did you mean {hint[0]!r}?)" if hint else ""
+                ctx.ignored(f"{path}.{raw_key}",
+                            f"unknown key, ignored by the device plugin{tip}; allowed: {', '.join(known)}")
                 continue
             if key in self.values:
-                raise ConfigError(f"{path}.{raw_key}", f"set twice (also as {self.values[key][0]!r})")
+                ctx.error(ConfigError(f"{path}.{raw_key}", f"set twice (also as {self.values[key][0]!r})"))
+                continue
             self.values[key] = (raw_key, value)
 
     def has(self, key: str) -> bool:
@@ -370,7 +429,8 @@ class _Obj:
         if value is None:
             return default
         if not isinstance(value, str):
-            raise ConfigError(self.at(key), "must be a string", value)
+            self.ctx.error(ConfigError(self.at(key), "must be a string", value))
+            return default
         return value
 
     def bool(self, key: str, default: bool) -> bool:
@@ -378,14 +438,16 @@ class _Obj:
         if value is None:
             return default
         if not isinstance(value, bool):
-            raise ConfigError(self.at(key), "must be a boolean", value, "true or false")
+            self.ctx.error(ConfigError(self.at(key), "must be a boolean", value, "true or false"))
+            return default
         return value
 
     def obj(self, key: str, known: Sequence[str], fold_case: bool = True) -> _Obj | None:
+        """The mapping under ``key``; None when absent or not a mapping (that error is recorded)."""
         value = self.raw(key, None)
         if value is None:
             return None
-        return _Obj(value, self.at(key), self.ctx, known, fold_case)
+        return self.ctx.check(_Obj, value, self.at(key), self.ctx, known, fold_case)
 
 
 def _check_choice(path: str, value: Any, allowed: Sequence[str]) -> str:
@@ -453,6 +515,7 @@ def _devices(value: Any, path: str) -> str | int | tuple[str, ...]:
         return value
     if isinstance(value, list):
         refs: list[str] = []
+        bad: list[ConfigError] = []
         for i, item in enumerate(value):
             ipath = f"{path}[{i}]"
             if isinstance(item, int) and not isinstance(item, bool) and item >= 0:
@@ -465,12 +528,14 @@ def _devices(value: Any, path: str) -> str | int | tuple[str, ...]:
             ):
                 refs.append(item)
             else:
-                raise ConfigError(
+                bad.append(ConfigError(
                     ipath,
                     "unsupported device reference",
                     item,
                     "a GPU index (0), a MIG index (0:1), a GPU UUID (GPU-…) or a MIG UUID (MIG-…)",
-                )
+                ))
+        if bad:
+            raise ConfigError.collect(bad)
         return tuple(refs)
     raise ConfigError(path, "unrecognized type for devices spec", value, "'all', a count > 0 or a list of devices")
 
@@ -538,10 +603,11 @@ def _parse_flags(obj: _Obj | None, ctx: _Ctx) -> Flags:
     if obj is None:
         return Flags()
     mig = obj.raw("migStrategy", None)
-    mig_strategy = "none" if mig is None else _check_choice(obj.at("migStrategy"), mig, MIG_STRATEGIES)
+    mig_strategy = "none" if mig is None else ctx.check(_check_choice, obj.at("migStrategy"), mig, MIG_STRATEGIES,
+                                                        default="none")
     disc = obj.raw("deviceDiscoveryStrategy", None)
     if disc is not None:
-        _check_choice(obj.at("deviceDiscoveryStrategy"), disc, DISCOVERY_STRATEGIES)
+        ctx.check(_check_choice, obj.at("deviceDiscoveryStrategy"), disc, DISCOVERY_STRATEGIES)
     for key in ("restartOnDeviceUnhealthy", "gdrcopyEnabled", "gdsEnabled", "mofedEnabled", "useNodeFeatureAPI"):
         obj.bool(key, False)
     for key in ("nvidiaDevRoot", "mpsRoot"):
@@ -557,12 +623,14 @@ def _parse_flags(obj: _Obj | None, ctx: _Ctx) -> Flags:
             # A single string is accepted as well as a list, like the flag.
             items = [dls] if isinstance(dls, str) else dls
             if not isinstance(items, list) or not items:
-                raise ConfigError(pobj.at("deviceListStrategy"), "must be a string or a non-empty list", dls,
-                                  ", ".join(DEVICE_LIST_STRATEGIES))
+                ctx.error(ConfigError(pobj.at("deviceListStrategy"), "must be a string or a non-empty list", dls,
+                                      ", ".join(DEVICE_LIST_STRATEGIES)))
+                items = []
             strategies = tuple(
-                _check_choice(f"{pobj.at('deviceListStrategy')}[{i}]", s, DEVICE_LIST_STRATEGIES)
+                ctx.check(_check_choice, f"{pobj.at('deviceListStrategy')}[{i}]", s, DEVICE_LIST_STRATEGIES,
+                          default="envvar")
                 for i, s in enumerate(items)
-            )
+            ) or ("envvar",)
         idstrat = pobj.raw("deviceIDStrategy", None)
         policy = pobj.raw("sharedDevicesAllocationPolicy", None)
         for key in ("cdiAnnotationPrefix", "nvidiaCTKPath", "containerDriverRoot"):
@@ -571,9 +639,11 @@ def _parse_flags(obj: _Obj | None, ctx: _Ctx) -> Flags:
             pass_device_specs=pobj.bool("passDeviceSpecs", False),
             device_list_strategy=strategies,
             device_id_strategy="uuid" if idstrat is None
-            else _check_choice(pobj.at("deviceIDStrategy"), idstrat, DEVICE_ID_STRATEGIES),
+            else ctx.check(_check_choice, pobj.at("deviceIDStrategy"), idstrat, DEVICE_ID_STRATEGIES,
+                           default="uuid"),
             shared_devices_allocation_policy="distributed" if policy is None
-            else _check_choice(pobj.at("sharedDevicesAllocationPolicy"), policy, ALLOCATION_POLICIES),
+            else ctx.check(_check_choice, pobj.at("sharedDevicesAllocationPolicy"), policy, ALLOCATION_POLICIES,
+                           default="distributed"),
         )
 
     gfd = GfdFlags()
@@ -584,7 +654,8 @@ def _parse_flags(obj: _Obj | None, ctx: _Ctx) -> Flags:
         gfd = GfdFlags(
             oneshot=gobj.bool("oneshot", False),
             no_timestamp=gobj.bool("noTimestamp", False),
-            sleep_interval_s=_duration(gobj.raw("sleepInterval", None), gobj.at("sleepInterval"), 60.0),
+            sleep_interval_s=ctx.check(_duration, gobj.raw("sleepInterval", None), gobj.at("sleepInterval"), 60.0,
+                                       default=60.0),
         )
 
     return Flags(
@@ -597,17 +668,21 @@ def _parse_flags(obj: _Obj | None, ctx: _Ctx) -> Flags:
 
 
 def _parse_replicated(obj: _Obj, kind: str, ctx: _Ctx) -> ReplicatedResources:
+    """``sharing.<kind>``; every mistake is recorded on ``ctx`` (the result then holds the valid resources)."""
     strategy = obj.raw("strategy", None)
     if strategy not in (None, ""):
-        raise ConfigError(obj.at("strategy"), f"unknown {kind} strategy", strategy, "leave it unset")
-    if not obj.has("resources"):
-        raise ConfigError(f"{obj.path}.resources", "no resources specified", allowed="a list with at least one resource")
-    raw = obj.raw("resources")
+        ctx.error(ConfigError(obj.at("strategy"), f"unknown {kind} strategy", strategy, "leave it unset"))
+    raw = obj.raw("resources", None)
     rpath = obj.at("resources")
-    if not isinstance(raw, list):
-        raise ConfigError(rpath, "must be a list", raw)
-    if not raw:
-        raise ConfigError(rpath, "no resources specified", raw, "a list with at least one resource")
+    if not obj.has("resources"):
+        ctx.error(ConfigError(f"{obj.path}.resources", "no resources specified",
+                              allowed="a list with at least one resource"))
+        raw = []
+    elif not isinstance(raw, list):
+        ctx.error(ConfigError(rpath, "must be a list", raw))
+        raw = []
+    elif not raw:
+        ctx.error(ConfigError(rpath, "no resources specified", raw, "a list with at least one resource"))
     rename_by_default = obj.bool("renameByDefault", False)
     # MPS keeps its historical behaviour: requests > 1 fail unless the
     # config says otherwise (config.go). Time-slicing defaults to false.
@@ -617,30 +692,41 @@ def _parse_replicated(obj: _Obj, kind: str, ctx: _Ctx) -> ReplicatedResources:
     seen: dict[str, str] = {}
     for i, item in enumerate(raw):
         ipath = f"{rpath}[{i}]"
-        r = _Obj(item, ipath, ctx, _RESOURCE_KEYS, fold_case=False)
+        r = ctx.check(_Obj, item, ipath, ctx, _RESOURCE_KEYS, False)
+        if r is None:
+            continue
+        name: str | None = None
         if not r.has("name"):
-            raise ConfigError(f"{ipath}.name", "no resource name specified", allowed=_SHAREABLE)
-        name = _shareable_name(r.raw("name"), r.at("name"))
-        if kind == "mps" and name != GPU_RESOURCE:
-            raise ConfigError(r.at("name"), "MPS can only share full GPUs", r.raw("name"), GPU_RESOURCE)
-        if name in seen:
-            raise ConfigError(r.at("name"), f"resource listed twice (first at {seen[name]})", r.raw("name"))
-        seen[name] = ipath
+            ctx.error(ConfigError(f"{ipath}.name", "no resource name specified", allowed=_SHAREABLE))
+        else:
+            name = ctx.check(_shareable_name, r.raw("name"), r.at("name"))
+        if name is not None and kind == "mps" and name != GPU_RESOURCE:
+            ctx.error(ConfigError(r.at("name"), "MPS can only share full GPUs", r.raw("name"), GPU_RESOURCE))
+            name = None
+        if name is not None and name in seen:
+            ctx.error(ConfigError(r.at("name"), f"resource listed twice (first at {seen[name]})", r.raw("name")))
+            name = None
+        if name is not None:
+            seen[name] = ipath
+        replicas: int | None = None
         if not r.has("replicas"):
-            raise ConfigError(f"{ipath}.replicas", "no replicas specified", allowed="an integer >= 2")
-        replicas = _replicas(r.raw("replicas"), r.at("replicas"))
+            ctx.error(ConfigError(f"{ipath}.replicas", "no replicas specified", allowed="an integer >= 2"))
+        else:
+            replicas = ctx.check(_replicas, r.raw("replicas"), r.at("replicas"))
         devices: str | int | tuple[str, ...] = "all"
         if r.has("devices"):
-            devices = _devices(r.raw("devices"), r.at("devices"))
+            devices = ctx.check(_devices, r.raw("devices"), r.at("devices"), default="all")
             if devices != "all":
                 ctx.ignored(r.at("devices"), f"customizing 'devices' in sharing.{kind}.resources is not yet "
                                              "supported by the device plugin; it replicates all devices")
         rename: str | None = None
         if r.has("rename"):
-            written = _resource_name(r.raw("rename"), r.at("rename"))
-            if not rename_by_default or written != name + SHARED_SUFFIX:
+            written = ctx.check(_resource_name, r.raw("rename"), r.at("rename"))
+            if written is not None and (not rename_by_default or name is None or written != name + SHARED_SUFFIX):
                 ctx.ignored(r.at("rename"), f"setting 'rename' in sharing.{kind}.resources is not yet supported "
                                             "by the device plugin; use renameByDefault")
+        if name is None or replicas is None:
+            continue
         if rename_by_default:
             rename = name + SHARED_SUFFIX
         resources.append(ReplicatedResource(name=name, replicas=replicas, rename=rename, devices=devices))
@@ -661,11 +747,11 @@ def _parse_sharing(obj: _Obj | None, ctx: _Ctx) -> Sharing:
     if ts is not None and mps is not None:
         # The plugin would let MPS win silently; the README calls the two
         # mutually exclusive.
-        raise ConfigError(
+        ctx.error(ConfigError(
             obj.path,
             "timeSlicing and mps are mutually exclusive (the device plugin would silently use only mps)",
             allowed="exactly one of sharing.timeSlicing or sharing.mps",
-        )
+        ))
     return Sharing(time_slicing=ts, mps=mps)
 
 
@@ -674,7 +760,7 @@ def _parse_imex(obj: _Obj | None) -> None:
         return
     ids = obj.raw("channelIDs", None)
     if ids is not None and ids not in ([], [0]):
-        raise ConfigError(obj.at("channelIDs"), "invalid IMEX channel IDs", ids, "[] or [0]")
+        obj.ctx.error(ConfigError(obj.at("channelIDs"), "invalid IMEX channel IDs", ids, "[] or [0]"))
     obj.bool("required", False)
 
 
@@ -688,45 +774,65 @@ def parse_config(
 
     ``path`` prefixes every field path in errors (``data.any`` for a
     ConfigMap key). With ``strict=True`` anything the device plugin would
-    ignore is an error instead of a warning.
+    ignore is an error instead of a warning. Raises one :class:`ConfigError`
+    whose ``errors`` lists every mistake in the config.
     """
     ctx = _Ctx(strict)
-    data = _load_yaml(source, path) if isinstance(source, (str, bytes)) else source
+    if isinstance(source, (str, bytes)):
+        data, duplicates = _load_yaml(source, path)
+        ctx.errors.extend(duplicates)
+    else:
+        data = source
     if data is None:
         # An empty file unmarshals to an empty config in Go: all defaults.
         ctx.ignored(path, "empty config; all defaults apply (no sharing, migStrategy none)")
+        ctx.raise_errors()
         return DevicePluginConfig(warnings=tuple(ctx.warnings))
-    top = _Obj(data, path, ctx, _TOP_KEYS, fold_case=True)
+    top = ctx.check(_Obj, data, path, ctx, _TOP_KEYS, True)
+    if top is None:
+        ctx.raise_errors()
 
     version = top.raw("version", None)
     if version is None or version == "":
         version = CONFIG_VERSION
     elif not isinstance(version, str):
-        raise ConfigError(top.at("version"), "must be a string", version, repr(CONFIG_VERSION))
+        ctx.error(ConfigError(top.at("version"), "must be a string", version, repr(CONFIG_VERSION)))
     elif version != CONFIG_VERSION:
-        raise ConfigError(top.at("version"), "unknown version", version, repr(CONFIG_VERSION))
+        ctx.error(ConfigError(top.at("version"), "unknown version", version, repr(CONFIG_VERSION)))
 
     flags = _parse_flags(top.obj("flags", _FLAG_KEYS), ctx)
     sharing = _parse_sharing(top.obj("sharing", _SHARING_KEYS), ctx)
-    _check_mps_strategy(sharing, flags.mig_strategy, f"{path}.flags.migStrategy")
+    ctx.check(_check_mps_strategy, sharing, flags.mig_strategy, f"{path}.flags.migStrategy")
     if top.raw("resources", None) is not None:
         ctx.ignored(top.at("resources"), "customizing the 'resources' field is not yet supported by the "
                                          "device plugin; ignored")
     _parse_imex(top.obj("imex", ("channelIDs", "required")))
+    ctx.raise_errors()
     return DevicePluginConfig(version=version, flags=flags, sharing=sharing, warnings=tuple(ctx.warnings))
 
 
 def parse_config_map(data: Mapping[str, Any], *, strict: bool = False) -> dict[str, DevicePluginConfig]:
-    """Parse every key of a ConfigMap's ``data`` (one config per key)."""
+    """Parse every key of a ConfigMap's ``data`` (one config per key).
+
+    Raises one :class:`ConfigError` listing the mistakes of every config.
+    """
     if not isinstance(data, Mapping):
         raise ConfigError("data", "must be a mapping of config names to config files", data)
     if not data:
         raise ConfigError("data", "no configs: the ConfigMap has no keys")
     configs: dict[str, DevicePluginConfig] = {}
+    errors: list[ConfigError] = []
     for key, text in data.items():
         if not isinstance(text, str):
-            raise ConfigError(f"data.{key}", "ConfigMap values must be strings (use a YAML block scalar '|')", text)
-        configs[str(key)] = parse_config(text, path=f"data.{key}", strict=strict)
+            errors.append(ConfigError(f"data.{key}", "ConfigMap values must be strings (use a YAML block scalar '|')",
+                                      text))
+            continue
+        try:
+            configs[str(key)] = parse_config(text, path=f"data.{key}", strict=strict)
+        except ConfigError as exc:
+            errors.extend(exc.errors)
+    if errors:
+        raise ConfigError.collect(errors)
     return configs
 
 

@@ -175,6 +175,17 @@ class _Stop:
         return self.event.is_set()
 
 
+def _node_event(client: api.Client, node: str, reason: str, message: str, type_: str = "Normal",
+                component: str = "nvidia-mig-manager") -> None:
+    """An Event on the node, as the embedded backend's components write them (counted, see gpulab.cluster.events)."""
+    try:
+        uid = ((client.get("Node", node) or {}).get("metadata") or {}).get("uid") or node
+    except (api.ApiError, api.NotFound, api.Conflict):
+        uid = node
+    client.event({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node, "uid": uid}}, reason, message,
+                 type_, component=component, host=node)
+
+
 # --------------------------------------------------------------------------
 # The components
 
@@ -294,12 +305,22 @@ def run_config_manager(args: argparse.Namespace, stop: _Stop) -> int:
                         problem = f"config {selection.name!r} of ConfigMap {args.namespace}/{configmap} is invalid: {e}"
                 if problem:
                     log.error("%s; keeping %s", problem, (current or (None,))[0] or "the defaults")
+                    reason = "DevicePluginConfigInvalid" if selection.name else "DevicePluginConfigNotFound"
                     if current is None and args.oneshot:
+                        _node_event(client, args.node, reason, f"{problem}; the device plugin cannot start",
+                                    "Warning", component="config-manager")
                         return 1
+                    keep = (current or (None,))[0] or "<defaults>"
+                    _node_event(client, args.node, reason, f"{problem}; keeping the last good config {keep!r}",
+                                "Warning", component="config-manager")
                 elif current != (selection.name, text):
                     atomic_write_text(dst, text or "")
                     current = (selection.name, text or "")
                     log.info("Successfully updated to config: %s (%s)", selection.name, selection.reason)
+                    if not args.oneshot:
+                        _node_event(client, args.node, "DevicePluginConfigApplied",
+                                    f"device plugin config {selection.name!r} from ConfigMap "
+                                    f"{args.namespace}/{configmap} applied", component="config-manager")
         if args.oneshot or stop.wait(args.poll_interval):
             return 0
 
@@ -367,6 +388,12 @@ def _reconfigure(client: api.Client, hw: Hardware, labels: dict[str, str], names
     except (TimeoutError, api.ApiError, api.NotFound, api.Conflict) as e:
         log.error("Error applying MIG configuration: %s", e)
         client.patch("Node", hw.node, {"metadata": {"labels": {**restore, mig.MIG_CONFIG_STATE_LABEL: mig.STATE_FAILED}}})
+        _node_event(client, hw.node, "MigConfigFailed", f"MIG config {decision.requested!r}: {e}", "Warning")
+        return
+    if decision.outcome == "failed":
+        _node_event(client, hw.node, "MigConfigFailed", decision.reason, "Warning")
+    elif decision.outcome == "reconfigured":
+        _node_event(client, hw.node, "MigConfigApplied", decision.reason)
 
 
 class _MetricsView:

@@ -30,6 +30,10 @@ real node:
     programs fail with ``system not yet initialized``; ``nvidia-smi -q``
     shows Fabric State "In Progress".
 
+A grader journals the faults it is about to change (:func:`snapshot`) and a
+later command puts them back (:func:`put_back`) if it was killed before its
+own repair (:mod:`gpulab.grading.journal`).
+
 Driver-level faults change what CUDA programs see from their next start:
 the operator's validator notices when its pod next starts (delete it to
 re-run the validations, as you would on a real cluster).
@@ -64,6 +68,8 @@ __all__ = [
     "inject",
     "clear",
     "list_all",
+    "snapshot",
+    "put_back",
     "acknowledge",
     "wait_applied",
 ]
@@ -240,3 +246,30 @@ def clear(cluster_dir: Path, nodes: Iterable[str], kind: str | None = None) -> l
 
 def list_all(cluster_dir: Path, nodes: Iterable[str]) -> list[tuple[str, Fault]]:
     return [(node, f) for node in nodes for f in load(cluster_dir, node).faults]
+
+
+def snapshot(cluster_dir: Path, nodes: Iterable[str]) -> dict[str, list[dict]]:
+    """The faults set on ``nodes`` as plain data (for a grading journal); nodes without faults are left out."""
+    return {node: [asdict(f) for f in found.faults] for node in nodes
+            if (found := load(cluster_dir, node)).faults}
+
+
+def put_back(cluster_dir: Path, snap: dict[str, list[dict]], nodes: Iterable[str]) -> list[tuple[str, str, Fault]]:
+    """Make the faults on ``nodes`` what ``snap`` (from :func:`snapshot`) recorded.
+
+    Returns ``(node, "cleared" | "set", fault)`` for each fault taken away or set
+    again; a fault that is there and wanted keeps its ``since``.
+    """
+    changed: list[tuple[str, str, Fault]] = []
+    for node in sorted(set(nodes) | set(snap)):
+        current = load(cluster_dir, node).faults
+        wanted = [Fault(str(f["kind"]), f.get("gpu"), float(f.get("since", 0))) for f in snap.get(node, ())
+                  if f.get("kind") in KINDS]
+        have = {(f.kind, f.gpu): f for f in current}
+        want = {(f.kind, f.gpu): f for f in wanted}
+        if set(have) == set(want):
+            continue
+        changed += [(node, "cleared", f) for key, f in have.items() if key not in want]
+        changed += [(node, "set", f) for key, f in want.items() if key not in have]
+        save(cluster_dir, node, [have.get(key, f) for key, f in want.items()])
+    return changed

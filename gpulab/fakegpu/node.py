@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..cluster import api
-from ..runtime.agent import AdmissionError, ContainerKill, DeviceGrant
+from ..runtime.agent import AdmissionError, AdmissionPending, ContainerKill, DeviceGrant
 from ..runtime.sandbox import Mount
 from . import faults as faultmod
 from . import ledger as ledgermod
@@ -319,6 +319,10 @@ class GpuNode:
         wanted = [(name, res) for name, res in wanted if res]
         if not wanted:
             return
+        expected = sorted({r for _, res in wanted for r in res if self.manager.awaiting_plugin(r)})
+        if expected:
+            raise AdmissionPending(f"waiting for the device plugin of {', '.join(expected)} to register "
+                                   "with the kubelet again")
         self._fit(uid, pod, known)
         try:
             for name, res in wanted:
@@ -327,6 +331,26 @@ class GpuNode:
         except AllocationError as e:
             self.manager.release(uid)
             raise AdmissionError(AllocationError.reason, e.message) from None
+        self._annotate(pod)
+
+    def adopt(self, pod: dict[str, Any]) -> None:
+        """A pod admitted before the node agent restarted keeps the devices its checkpoint entry names.
+
+        As a restarted kubelet does, it is not admitted again: its plugin may
+        not have registered yet, and the devices are its already.
+        """
+        md = pod["metadata"]
+        if not self.manager.allocations(md["uid"]):
+            if any(r.startswith("nvidia.com/") for c in (pod["spec"].get("initContainers") or [])
+                   + (pod["spec"].get("containers") or []) for r in _resource_requests(c)):
+                log.warning("pod %s/%s ran before the restart but the device checkpoint has no entry for it",
+                            md["namespace"], md["name"])
+            return
+        self._annotate(pod)
+
+    def _annotate(self, pod: dict[str, Any]) -> None:
+        md = pod["metadata"]
+        uid = md["uid"]
         with self.lock:
             self._pods[uid] = f"{md['namespace']}/{md['name']}"
         devices = self.manager.pod_devices().get(uid, {})

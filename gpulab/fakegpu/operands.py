@@ -492,7 +492,7 @@ class ConfigManagerMain:
         except ConfigError as e:
             return self._refuse(node, "DevicePluginConfigInvalid",
                                 f"config {selection.name!r} of ConfigMap {self.namespace}/{self.configmap} is invalid: "
-                                f"{e}", current)
+                                f"{e.summary()}", current)
         if current is not None and current == (selection.name, text):
             return current
         self.dst.parent.mkdir(parents=True, exist_ok=True)
@@ -609,14 +609,13 @@ class MigManagerMain:
             self.out.error(f"Error applying MIG configuration: {e}")
             _patch_labels(self.stack, node.name, {**restore, mig.MIG_CONFIG_STATE_LABEL: mig.STATE_FAILED})
             self.stack.node_event(node.name, "MigConfigFailed", f"MIG config {decision.requested!r}: {e}",
-                                  "Warning", component="nvidia-mig-manager", every=0)
+                                  "Warning", component="nvidia-mig-manager")
             return
         if decision.outcome == "failed":
             self.stack.node_event(node.name, "MigConfigFailed", decision.reason, "Warning",
-                                  component="nvidia-mig-manager", every=0)
+                                  component="nvidia-mig-manager")
         elif decision.outcome == "reconfigured":
-            self.stack.node_event(node.name, "MigConfigApplied", decision.reason, component="nvidia-mig-manager",
-                                  every=0)
+            self.stack.node_event(node.name, "MigConfigApplied", decision.reason, component="nvidia-mig-manager")
 
     def _pods(self, selector: str) -> list[dict[str, Any]]:
         return self.stack.client.list("Pod", self.namespace, label_selector=selector,

@@ -474,9 +474,8 @@ def stack_ready(client: api.Client, since: float = 0.0) -> str | None:
 
     Up means: ``cluster-policy`` is ready, every enabled operand DaemonSet
     carries the policy's current spec and is fully rolled out, and every pod
-    of the operator and its DaemonSets has been Ready since ``since`` (a
-    node-agent restart restarts all of them, and statuses written before it
-    say nothing about now).
+    of the operator and its DaemonSets has been Ready since ``since`` (by
+    default: is Ready).
     """
     policy = client.get("ClusterPolicy", POLICY_NAME)
     state = ((policy or {}).get("status") or {}).get("state")

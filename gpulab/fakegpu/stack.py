@@ -29,7 +29,6 @@ import json
 import logging
 import os
 import threading
-import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -133,7 +132,6 @@ class GpuStack:
         self.stop_event = threading.Event()
         self._subs: set[Subscription] = set()
         self._subs_lock = threading.Lock()
-        self._events: dict[tuple[str, str, str], float] = {}
         self.nodes_informer = Informer(self.client, "Node", self.notify)
         self.policies = Informer(self.client, "ClusterPolicy", self.notify)
         self.gpu_nodes: dict[str, GpuNode] = {}
@@ -240,13 +238,8 @@ class GpuStack:
             s.event.set()
 
     def node_event(self, node: str, reason: str, message: str, type_: str = "Normal",
-                   component: str = "gpu-operator", every: float = 60) -> None:
-        """An Event on a Node; the same one is not repeated within ``every`` seconds."""
-        key = (node, reason, message)
-        now = time.monotonic()
-        if now - self._events.get(key, -every) < every:
-            return
-        self._events[key] = now
+                   component: str = "gpu-operator") -> None:
+        """An Event on a Node; the same one again counts on the existing Event (see :mod:`gpulab.cluster.events`)."""
         obj = self.node_object(node) or {"metadata": {"name": node, "uid": ""}}
         self.client.event({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node,
                            "uid": obj["metadata"].get("uid") or node}},
@@ -266,6 +259,11 @@ class GpuStack:
         if node is not None:
             node.admit(pod)
 
+    def adopt(self, pod: dict[str, Any]) -> None:
+        node = self._node_of(pod)
+        if node is not None:
+            node.adopt(pod)
+
     def prepare(self, pod: dict[str, Any], container: dict[str, Any]) -> DeviceGrant:
         node = self._node_of(pod)
         return node.prepare(pod, container) if node is not None else DeviceGrant()
@@ -278,3 +276,7 @@ class GpuStack:
         node = self._node_of(pod)
         if node is not None:
             node.release(pod)
+
+    def retain(self, pod_uids: set[str]) -> None:
+        for node in self.gpu_nodes.values():
+            node.manager.retain(pod_uids)

@@ -21,7 +21,11 @@ notebook does to the cluster, as module attributes read into a
     PARAMETERS = {"model_load_seconds": 1}   # papermill parameters the grader injects besides namespace
 
 ``SETUP``/``TEARDOWN`` change what the notebook finds on the cluster (a fault on a
-GPU node, say); they need ``CLUSTER_WIDE``. ``SETUP`` runs last in
+GPU node, say); they need ``CLUSTER_WIDE``. ``SETUP`` declares what it changes
+with ``@journal.declare("faults", "nodes")`` (:mod:`gpulab.grading.journal`): the
+sandbox journals the state of those things before anything changes, so a
+grader killed mid-run is cleaned up after by the next command
+(:func:`restore_journal`). ``SETUP`` runs last in
 :meth:`ClusterSandbox.prepare` (after ``GPUS_FREE`` is checked) and returns API-like
 objects (``{"kind": "InjectedFault", ...}``) that the collector adds to what the
 checks see, never the learner; ``TEARDOWN`` runs first in
@@ -63,7 +67,9 @@ from typing import Any
 from gpulab import _poll
 from gpulab.cluster import api, kubeconfig, pki
 
+from . import journal
 from .checks import CheckLoadError, lab_module_name
+from .journal import Restored
 
 GPU = "nvidia.com/gpu"
 GROUP = "gpulab:graded"
@@ -132,6 +138,11 @@ class LabSpec:
     collect: Callable[[api.Client], Mapping[str, Sequence[Mapping[str, Any]]]] | None = field(default=None,
                                                                                               compare=False)
     parameters: Mapping[str, Any] = field(default_factory=dict, compare=False)
+
+    @property
+    def changes(self) -> tuple[str, ...]:
+        """What a run changes cluster-wide and the journal records (see :func:`journal.declared`); () if nothing."""
+        return journal.declared(self.setup) if self.cluster_wide else ()
 
     @classmethod
     def from_module(cls, module: ModuleType) -> LabSpec:
@@ -346,9 +357,21 @@ class ClusterState:
             pcs[pc["metadata"]["name"]] = _clean_priority_class(pc)
         return cls(nodes, pcs)
 
-    def restore(self, client: api.Client) -> list[str]:
-        """Put nodes and PriorityClasses back as captured; returns what had to change (for logs)."""
+    def to_dict(self) -> dict[str, Any]:
+        return {"nodes": copy.deepcopy(self.nodes), "priority_classes": copy.deepcopy(self.priority_classes)}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ClusterState:
+        return cls(copy.deepcopy(dict(data.get("nodes") or {})), copy.deepcopy(dict(data.get("priority_classes") or {})))
+
+    def restore(self, client: api.Client, details: list[Restored] | None = None) -> list[str]:
+        """Put nodes and PriorityClasses back as captured; returns what had to change (for logs).
+
+        ``details`` gets one :class:`Restored` per label, annotation, taint,
+        cordon and PriorityClass put back (what a recovered journal reports).
+        """
         changed = []
+        details = details if details is not None else []
         now = ClusterState.capture(client)
         for name, want in self.nodes.items():
             have = now.nodes.get(name)
@@ -360,15 +383,24 @@ class ClusterState:
                     diff = {k: v for k, v in want[key].items() if have[key].get(k) != v}
                     diff.update({k: None for k in have[key] if k not in want[key]})
                     patch["metadata"][key] = diff
+                    what = key[:-1]
+                    details += [Restored(what, name, "removed", k) if v is None else
+                                Restored(what, name, "restored", f"{k}={v}") for k, v in diff.items()]
             if have["taints"] != want["taints"]:
                 patch["spec"]["taints"] = [dict(t) for t in want["taints"]] or None
+                details += [Restored("taint", name, "removed", journal.taint_text(t))
+                            for t in have["taints"] if t not in want["taints"]]
+                details += [Restored("taint", name, "added", journal.taint_text(t))
+                            for t in want["taints"] if t not in have["taints"]]
             if have["unschedulable"] != want["unschedulable"]:
                 patch["spec"]["unschedulable"] = want["unschedulable"] or None
+                details.append(Restored("unschedulable", name, "cordoned" if want["unschedulable"] else "uncordoned"))
             client.patch("Node", name, patch)
             changed.append(f"node/{name}")
         for name in sorted(set(now.priority_classes) - set(self.priority_classes)):
             client.delete("PriorityClass", name)
             changed.append(f"priorityclass/{name} deleted")
+            details.append(Restored("priorityclass", name, "deleted"))
         for name, want in self.priority_classes.items():
             have = now.priority_classes.get(name)
             if have == want:
@@ -378,6 +410,7 @@ class ClusterState:
                 _wait(lambda n=name: client.get("PriorityClass", n) is None, 30, f"PriorityClass {name} gone")
             client.create(copy.deepcopy(want))
             changed.append(f"priorityclass/{name} restored")
+            details.append(Restored("priorityclass", name, "restored"))
         return changed
 
 
@@ -462,6 +495,7 @@ class _Prepared:
     state: ClusterState | None = None
     set_up: bool = False
     injected: list[dict[str, Any]] = field(default_factory=list)
+    record: journal.Journal | None = None  # what a killed grader's successor restores
 
 
 @dataclass
@@ -504,15 +538,18 @@ class ClusterSandbox:
 
     def prepare(self, namespace: str, learner: str = "learner") -> dict[str, str]:
         names = self.spec.namespace_names(namespace)
-        state = None
+        state = record = None
         if self.spec.cluster_wide:
             state = ClusterState.capture(self.client)
-            if self._baseline is None:
-                self._baseline = topology_baseline(self.cluster_root)
-            normalize(self.client, self.spec, self._baseline)
+            # Journaled before anything changes: a grader killed from here on is cleaned up after next time.
+            record = self._open_journal(namespace, learner, names, state)
         self._prepared[namespace] = prepared = _Prepared(learner, names, self.work_dir / f"{namespace}.kubeconfig",
-                                                         state)
+                                                         state, record=record)
         try:
+            if self.spec.cluster_wide:
+                if self._baseline is None:
+                    self._baseline = topology_baseline(self.cluster_root)
+                normalize(self.client, self.spec, self._baseline)
             self._ensure_cluster_roles()
             for ns in names:
                 self._fresh_namespace(ns, learner)
@@ -526,6 +563,8 @@ class ClusterSandbox:
                 prepared.set_up = True
                 made = self.spec.setup(LabEnv(self.client, self.cluster_root, namespace, learner))
                 prepared.injected = [copy.deepcopy(dict(o)) for o in made or ()]
+                if record is not None:
+                    record.update(phase="running", applied=prepared.injected)
             self._write_kubeconfig(namespace, user, prepared.kubeconfig)
         except BaseException:
             self.release(namespace)
@@ -542,11 +581,39 @@ class ClusterSandbox:
 
     def release(self, namespace: str) -> None:
         prepared = self._prepared.pop(namespace, None)
+        torn_down = False
         try:
             if prepared is not None and prepared.set_up and self.spec.teardown is not None:
                 self.spec.teardown(LabEnv(self.client, self.cluster_root, namespace, prepared.learner))
+            torn_down = True
         finally:
             self._release(namespace, prepared)
+        # Everything is back: nothing left to recover. (After a failed TEARDOWN the journal stays,
+        # and the next `gpulab up`/`check`/`grade` once this process has ended puts the state back.)
+        if torn_down and prepared is not None and prepared.record is not None:
+            prepared.record.close()
+
+    def _open_journal(self, namespace: str, learner: str, names: list[str],
+                      state: ClusterState) -> journal.Journal | None:
+        """Record what this run may change and how it was (see :mod:`gpulab.grading.journal`); None without a root."""
+        if self.cluster_root is None:
+            return None
+        from gpulab.fakegpu import faults
+
+        from . import gpustack
+
+        changes = self.spec.changes
+        before: dict[str, Any] = state.to_dict()
+        gpu_nodes = gpustack.gpu_nodes(self.cluster_root) if "faults" in changes else None
+        if gpu_nodes is not None:
+            before["faults"] = faults.snapshot(self.cluster_root, sorted(gpu_nodes))
+        if "gpu-stack" in changes:
+            before["gpu_stack"] = gpustack.capture(self.client)
+        cleanup = {"cluster_binding": self._cluster_binding_name(namespace) if self.spec.cluster_rules else None,
+                   "grants": "gpu-stack" in changes}
+        return journal.Journal.open(self.cluster_root, lab=self.spec.lab, namespace=namespace, learner=learner,
+                                    namespaces=names, changes=changes, before=before, cleanup=cleanup,
+                                    cluster_uid=journal.cluster_uid(self.client))
 
     def _release(self, namespace: str, prepared: _Prepared | None) -> None:
         names = prepared.namespaces if prepared else self.spec.namespace_names(namespace)
@@ -674,3 +741,65 @@ def delete_leftovers(client: api.Client, prefix: str) -> list[str]:
                 client.delete(kind, name)
                 gone.append(f"{kind.lower()}/{name}")
     return gone
+
+
+def restore_journal(client: api.Client, record: journal.Journal, timeout: float = 90.0) -> list[Restored]:
+    """Put back what a killed grader's run changed, as its journal recorded it; one :class:`Restored` per thing.
+
+    In the order a finished run's ``TEARDOWN`` and release would have: the run's
+    namespaces and grants go (their pods may hold GPUs), GPU faults are set back
+    and the stack settles (:func:`gpustack.repair_faults`), the GPU stack's
+    objects are restored (:func:`gpustack.restore`), then nodes and
+    PriorityClasses (:meth:`ClusterState.restore`). On an error the exception
+    carries what was already done as ``restored``.
+    """
+    from . import gpustack
+
+    rec = record.record
+    before, changes = rec["before"], set(rec.get("changes") or ())
+    root = record.path.parent.parent
+    done: list[Restored] = []
+    try:
+        names = list(rec.get("namespaces") or [rec["namespace"]])
+        for ns in names:
+            found = client.get("Namespace", ns)
+            if found is None:
+                continue
+            if (found.get("status") or {}).get("phase") != "Terminating":
+                client.delete("Namespace", ns)
+                done.append(Restored("namespace", ns, "deleted"))
+            for pod in client.list("Pod", ns):
+                client.delete("Pod", pod["metadata"]["name"], ns, grace_seconds=0)
+        cleanup = rec.get("cleanup") or {}
+        if cleanup.get("cluster_binding"):
+            for kind in ("ClusterRoleBinding", "ClusterRole"):
+                if client.delete(kind, cleanup["cluster_binding"]):
+                    done.append(Restored("grant", cleanup["cluster_binding"], "deleted", kind))
+        if cleanup.get("grants"):
+            gpustack.revoke_configmaps(client, rec["namespace"])
+        _wait(lambda: not any(client.list("Pod", ns) for ns in names), timeout,
+              f"the pods of {', '.join(names)} to be gone")
+        if "faults" in changes and "faults" in before:
+            nodes = gpustack.gpu_nodes(root)
+            if nodes:
+                done += gpustack.repair_faults(client, root, nodes, before["faults"], timeout, settle_unchanged=False)
+        stack = before.get("gpu_stack")
+        if "gpu-stack" in changes and stack and gpustack.differs(client, stack):
+            done += gpustack.restore(client, stack, timeout)
+        ClusterState.from_dict(before).restore(client, done)
+    except Exception as exc:
+        exc.restored = done  # type: ignore[attr-defined]
+        raise
+    return done
+
+
+def recover(cluster: Any, client: api.Client | None = None) -> list[journal.Outcome]:
+    """:func:`journal.recover` for a cluster object of either backend (skipped when it is not running)."""
+    root = getattr(cluster, "root", None)
+    if root is None or not journal.journal_dir(root).is_dir():
+        return []
+    if client is None:
+        if not cluster.exists() or not cluster.is_up():
+            return []
+        client = api.Client(cluster.kubeconfig)
+    return journal.recover(root, client)

@@ -20,6 +20,16 @@ check modules use :func:`make_hooks` for ``SETUP``/``TEARDOWN``
   advertises the ``nvidia.com/*`` resources it had before. The sandbox's own
   restore of node labels runs after that, on a settled stack.
 
+Before ``SETUP`` runs, the sandbox journals the stack as found
+(:mod:`gpulab.grading.journal`; ``SETUP`` declares ``gpu-stack``), so a grader
+killed mid-run has it put back by the next ``gpulab up``/``check``/``grade``
+with :func:`restore`. Labs that inject GPU faults (02, 08) take them back, and
+wait for the stack to settle, with :func:`repair_faults`.
+
+Every write here is a patch, a create or a delete, never a GET-then-PUT: the
+operator writes the ClusterPolicy's status all the time, and a PUT carrying a
+resourceVersion read a moment earlier fails with a Conflict.
+
 Kubernetes does everything in between: the operator, device plugin, GFD and
 MIG manager react to the restored objects as they react to a learner's.
 """
@@ -35,6 +45,9 @@ import yaml
 from gpulab import _poll, paths
 from gpulab.cluster import api
 from gpulab.fakegpu import operator
+
+from .checks import dig, quantity_int
+from .journal import Restored, declare
 
 OPERATOR_NS = "gpu-operator"
 POLICY = "cluster-policy"
@@ -108,29 +121,60 @@ def capture(client: api.Client) -> dict[str, Any]:
     return {"policy": copy.deepcopy(policy.get("spec") or {}), "configmaps": _configmaps(client), "nodes": nodes}
 
 
-def _put_policy(client: api.Client, spec: Mapping[str, Any]) -> bool:
+def merge_patch(have: Mapping[str, Any], want: Mapping[str, Any]) -> dict[str, Any]:
+    """The JSON merge patch (RFC 7386) that turns ``have`` into ``want``: ``{}`` when they are equal.
+
+    A patch carries no resourceVersion, so it cannot lose a race with the
+    operator's status writes the way a GET-then-PUT does (``Conflict: the
+    object has been modified``); lists are replaced whole, as merge patches do.
+    """
+    patch: dict[str, Any] = {key: None for key in have if key not in want}
+    for key, value in want.items():
+        if key in have and isinstance(value, Mapping) and isinstance(have[key], Mapping):
+            sub = merge_patch(have[key], value)
+            if sub:
+                patch[key] = sub
+        elif key not in have or have[key] != value:
+            patch[key] = copy.deepcopy(value)
+    return patch
+
+
+def put_policy_spec(client: api.Client, spec: Mapping[str, Any]) -> bool:
+    """Make the ClusterPolicy's spec ``spec`` with a merge patch; False when there is none or nothing differs."""
     current = client.get("ClusterPolicy", POLICY)
-    if current is None or current.get("spec") == spec:
+    if current is None:
         return False
-    current["spec"] = copy.deepcopy(dict(spec))
-    client.request("PUT", client.path("ClusterPolicy", POLICY), current)
+    patch = merge_patch(current.get("spec") or {}, spec)
+    if not patch:
+        return False
+    client.patch("ClusterPolicy", POLICY, {"spec": patch})
     return True
 
 
-def _restore_configmaps(client: api.Client, want: Mapping[str, Mapping[str, Any]]) -> None:
+LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
+
+
+def _restore_configmaps(client: api.Client, want: Mapping[str, Mapping[str, Any]]) -> list[Restored]:
+    done = []
     have = _configmaps(client)
     for name in sorted(set(have) - set(want)):
-        client.delete("ConfigMap", name, OPERATOR_NS)
+        if client.delete("ConfigMap", name, OPERATOR_NS):
+            done.append(Restored("configmap", f"{OPERATOR_NS}/{name}", "deleted"))
     for name, obj in want.items():
         if have.get(name) == obj:
             continue
         if name in have:
-            current = client.get("ConfigMap", name, OPERATOR_NS)
-            body = copy.deepcopy(dict(obj))
-            body["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
-            client.request("PUT", client.path("ConfigMap", name, OPERATOR_NS), body)
+            # A merge patch, not GET-then-PUT: nothing to conflict with. What a PUT of the
+            # captured object would drop (kubectl's last-applied record) goes too.
+            patch = merge_patch(have[name], obj)
+            current = client.get("ConfigMap", name, OPERATOR_NS) or {}
+            if LAST_APPLIED in ((current.get("metadata") or {}).get("annotations") or {}):
+                patch.setdefault("metadata", {}).setdefault("annotations", {})[LAST_APPLIED] = None
+            client.patch("ConfigMap", name, patch, OPERATOR_NS)
         else:
             client.create(copy.deepcopy(dict(obj)))
+        done.append(Restored("configmap", f"{OPERATOR_NS}/{name}", "restored"))
+    return done
 
 
 def _gpu_pods(client: api.Client) -> list[str]:
@@ -163,11 +207,13 @@ def _settled(client: api.Client, nodes: Mapping[str, Mapping[str, Any]]) -> bool
     return operator.stack_ready(client) is None
 
 
-def restore(client: api.Client, state: Mapping[str, Any], timeout: float = SETTLE_TIMEOUT) -> None:
+def restore(client: api.Client, state: Mapping[str, Any], timeout: float = SETTLE_TIMEOUT) -> list[Restored]:
     """Put the ClusterPolicy spec, the operator's ConfigMaps and the stack's node labels back; wait until settled."""
+    done = []
     _wait(lambda: not _gpu_pods(client), timeout, f"GPU pods to go ({', '.join(_gpu_pods(client))})")
-    _put_policy(client, state["policy"])
-    _restore_configmaps(client, state["configmaps"])
+    if put_policy_spec(client, state["policy"]):
+        done.append(Restored("clusterpolicy", POLICY, "restored"))
+    done += _restore_configmaps(client, state["configmaps"])
     for name, want in state["nodes"].items():
         node = client.get("Node", name)
         if node is None:
@@ -175,11 +221,15 @@ def restore(client: api.Client, state: Mapping[str, Any], timeout: float = SETTL
         labels = node["metadata"].get("labels") or {}
         patch = {k: v for k, v in want["labels"].items() if labels.get(k) != v}
         if patch:
+            done += [Restored("label", name, "removed", k) if v is None else Restored("label", name, "restored",
+                                                                                        f"{k}={v}")
+                     for k, v in patch.items()]
             if MIG_CONFIG in patch:
                 patch[MIG_STATE] = None  # the MIG manager answers the change afresh
             client.patch("Node", name, {"metadata": {"labels": patch}})
     _wait(lambda: _settled(client, state["nodes"]), timeout,
           "the GPU nodes to advertise the resources they had before the submission")
+    return done
 
 
 def baseline(client: api.Client, found: Mapping[str, Any]) -> dict[str, Any]:
@@ -196,6 +246,68 @@ def baseline(client: api.Client, found: Mapping[str, Any]) -> dict[str, Any]:
             labels[MIG_CONFIG] = "all-disabled"
         nodes[name] = {"labels": labels, "resources": None}
     return {"policy": spec, "configmaps": found["configmaps"], "nodes": nodes}
+
+
+def gpu_nodes(cluster_root: Any) -> dict[str, int] | None:
+    """GPU node name -> card count from the cluster's topology; None when its GPUs are not simulated hosts (kind)."""
+    from pathlib import Path
+
+    from gpulab.cluster.embedded import EmbeddedCluster
+
+    if cluster_root is None or not (Path(cluster_root) / "nodes").is_dir():
+        return None
+    return {n.name: n.gpu_count for n in EmbeddedCluster(Path(cluster_root)).topology().gpu_nodes}
+
+
+def crashed(pod: Mapping[str, Any] | None) -> bool:
+    """Every container of ``pod`` is not ready and has restarted: crash-looping (or waiting out its back-off)."""
+    statuses = dig(pod, "status", "containerStatuses", default=[]) or []
+    return bool(statuses) and all(not s.get("ready") and (s.get("restartCount") or 0) >= 1 for s in statuses)
+
+
+def resources_whole(client: api.Client, nodes: Mapping[str, int]) -> bool:
+    """Every GPU resource a device plugin advertises on ``nodes`` has all its devices healthy.
+
+    A resource no plugin advertises any more (after MIG or a renamed time-slicing
+    resource) keeps its capacity at allocatable 0 for the kubelet's 5-minute stop
+    grace period; it is left out. One resource must have cards.
+    """
+    for name in nodes:
+        status = (client.get("Node", name) or {}).get("status") or {}
+        cap, alloc = status.get("capacity") or {}, status.get("allocatable") or {}
+        live = {k: quantity_int(v) or 0 for k, v in alloc.items() if k.startswith("nvidia.com/")}
+        live = {k: n for k, n in live.items() if n > 0}
+        if not live or any(quantity_int(cap.get(k)) != n for k, n in live.items()):
+            return False
+    return True
+
+
+def repair_faults(client: api.Client, cluster_root: Any, nodes: Mapping[str, int],
+                  want: Mapping[str, Any] | None = None, timeout: float = SETTLE_TIMEOUT,
+                  settle_unchanged: bool = True) -> list[Restored]:
+    """The GPU nodes' faults as ``want`` (a :func:`faults.snapshot`; default none), the stack settled again.
+
+    Once the node agent applies the change, crashed operands are replaced (a
+    crash-looping pod waits out its back-off; a deleted one comes back at once)
+    and, unless faults stay on purpose, every card must be allocatable and the
+    stack ready. ``settle_unchanged=False`` skips that wait when no fault changed.
+    """
+    from gpulab.fakegpu import faults
+
+    changed = faults.put_back(cluster_root, dict(want or {}), sorted(nodes))
+    for name in sorted({n for n, _, _ in changed}):
+        faults.wait_applied(cluster_root, name, timeout=15)
+    done = [Restored("fault", n, action, f.describe()) for n, action, f in changed]
+    if any(faults.load(cluster_root, n).faults for n in nodes) or not (changed or settle_unchanged):
+        return done
+    for pod in client.list("Pod", OPERATOR_NS):
+        if dig(pod, "spec", "nodeName") in nodes and crashed(pod):
+            client.delete("Pod", pod["metadata"]["name"], OPERATOR_NS, grace_seconds=0)
+    _wait(lambda: resources_whole(client, nodes), timeout, "every GPU allocatable again")
+    _poll.until(lambda: operator.stack_ready(client) is None, timeout, lambda _: StackError(
+        f"timed out after {timeout:.0f}s waiting for the GPU stack to be ready again "
+        f"(still: {operator.stack_ready(client)})"), max_interval=0.5)
+    return done
 
 
 def _grant_name(namespace: str) -> str:
@@ -254,6 +366,7 @@ def make_hooks(namespaces: Sequence[str]) -> tuple[Callable[[Any], list[dict[str
     def names(env: Any) -> list[str]:
         return [env.namespace, *(f"{env.namespace}-{s}" for s in namespaces)]
 
+    @declare("gpu-stack", "nodes")
     def setup(env: Any) -> list[dict[str, Any]]:
         from gpulab.grading.cluster import learner_user
 
@@ -261,7 +374,7 @@ def make_hooks(namespaces: Sequence[str]) -> tuple[Callable[[Any], list[dict[str
         found = capture(client)
         found_by_run[env.namespace] = found
         start = baseline(client, found)
-        if _differs(client, start):
+        if differs(client, start):
             restore(client, start)
         grant_configmaps(client, env.namespace, learner_user(env.learner))
         return []
@@ -282,7 +395,8 @@ def make_hooks(namespaces: Sequence[str]) -> tuple[Callable[[Any], list[dict[str
     return setup, teardown
 
 
-def _differs(client: api.Client, want: Mapping[str, Any]) -> bool:
+def differs(client: api.Client, want: Mapping[str, Any]) -> bool:
+    """The stack's policy, ConfigMaps or node labels are not as in ``want`` (a :func:`capture`)."""
     now = capture(client)
     if now["policy"] != want["policy"] or now["configmaps"] != want["configmaps"]:
         return True

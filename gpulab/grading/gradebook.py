@@ -5,6 +5,7 @@ Submissions (``submissions_dir``)
     ``<learner>/<any>.ipynb`` — the learner id is the directory name. A directory
     with several notebooks must contain exactly one named after the lab (its
     number prefix, e.g. ``03-…``). Entries starting with ``.`` or ``_`` are skipped.
+    ``learners=[...]`` (``gpulab grade --learner NAME``) grades only those.
 
 Output (``out_dir``)
     ``gradebook.csv``      one row per learner (UTF-8 with BOM, so spreadsheet apps detect it)
@@ -12,11 +13,35 @@ Output (``out_dir``)
     ``runs/<id>.*``        executed notebook, recorded values, captured objects, log
     ``details.json``       everything, for instructors (including hidden checks' real messages)
 
-Each submission is isolated: a hanging, crashing or unreadable one yields a
-row with its status, never stops the batch. The gradebook is rewritten
-atomically after every submission, so it is always complete up to the last
-graded learner. Results depend only on the inputs (rows sorted, no timestamps),
-so grading twice gives the same files.
+Gradebook columns: ``learner``, one ``<check id> (<points>)`` column per check
+(``hidden:`` prefixed for hidden ones; the points earned), ``total``, ``max``,
+``percent`` (total/max × 100), ``status``, ``reason``, ``graded-at`` (when the
+row was graded, ISO 8601 UTC such as ``2025-03-01T08:30:00Z``) and ``lab``.
+
+Nothing is lost: grading into an ``out_dir`` that already has a gradebook
+*merges*. The learners graded now replace their own rows in place; every other
+row stays where it was; learners new to the file are appended in the order
+they are graded (sorted by id). Columns are matched by name, so a gradebook
+from another check set or an older format (no ``percent``/``graded-at``/``lab``)
+keeps its columns and values: check columns no longer in the suite stay (blank
+for the rows graded now), and columns gpulab does not know (an instructor's
+``notes``) stay at the end, their values kept even on regraded rows. A
+gradebook or ``details.json`` of *another lab* is refused with
+:class:`GradebookError` before anything is graded or written. ``details.json``
+merges the same way (per learner).
+
+Every write holds the lock :func:`gpulab._fsutil.locked` across
+read-merge-write (two graders never drop each other's rows) and replaces the
+file atomically (temporary file in the same folder, fsync, ``os.replace``): a
+grader killed mid-write leaves the previous gradebook intact. Each submission
+is isolated: a hanging, crashing or unreadable one yields a row with its
+status, never stops the batch; the gradebook is merged after every submission,
+so it is always complete up to the last graded learner.
+
+Regrading is idempotent: the same submissions give the same rows, scores and
+files, except ``graded-at``, which is the time the row was (re)graded and so
+moves forward even when the result did not change (pass ``clock`` to
+:func:`grade_batch` for fixed timestamps).
 """
 
 from __future__ import annotations
@@ -29,22 +54,31 @@ import re
 import traceback
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Protocol
 
-from gpulab._fsutil import atomic_write_bytes, atomic_write_json, atomic_write_text
+from gpulab._fsutil import atomic_write_bytes, atomic_write_json, atomic_write_text, locked
 
 from .checks import Check, CheckOutcome, CheckSuite, Context, group_by_kind, load_hidden_checks, load_lab_checks
 from .record import ResultsError, load_results
 from .runner import ErrorKind, Execution, Runner
 
 GRADEBOOK = "gradebook.csv"
+DETAILS = "details.json"
+# The gradebook's columns after the per-check ones, in order.
+SUMMARY_COLUMNS = ("total", "max", "percent", "status", "reason", "graded-at", "lab")
+_CHECK_COLUMN = re.compile(r"^(?:hidden:)?\S+ \(-?[0-9.]+\)$")
 
 # Statuses for which the submission itself is at fault and scores zero; grader-side
 # failures instead leave the scores blank so that nobody mistakes them for a grade.
 NOT_RUN_STATUSES = {ErrorKind.INVALID_NOTEBOOK.value, ErrorKind.NO_PARAMETERS_CELL.value, "no-notebook",
                     "ambiguous-submission"}
 UNGRADED_STATUSES = {"grader-error", ErrorKind.RUNNER_ERROR.value}
+
+
+class GradebookError(Exception):
+    """The gradebook cannot be written as asked (another lab's, unreadable, unknown learner); nothing changed."""
 
 
 class Collector(Protocol):
@@ -162,6 +196,24 @@ def discover_submissions(submissions_dir: str | Path, lab: str) -> list[Submissi
     return subs
 
 
+def select_submissions(subs: Sequence[Submission], learners: Iterable[str] | None,
+                       where: str | Path = "the submissions directory") -> list[Submission]:
+    """The submissions of ``learners`` (all when None), in ``subs``' order.
+
+    Raises :class:`GradebookError` naming the learners found when one is missing.
+    """
+    if learners is None:
+        return list(subs)
+    wanted = list(dict.fromkeys(learners))
+    found = [s.learner for s in subs]
+    missing = [name for name in wanted if name not in found]
+    if missing:
+        names = ", ".join(found) if found else "none"
+        raise GradebookError(f"{where}: no submission from learner {', '.join(repr(m) for m in missing)}; "
+                             f"learners found: {names} (a learner is <name>.ipynb or a <name>/ folder)")
+    return [s for s in subs if s.learner in wanted]
+
+
 def _slug(text: str) -> str:
     return re.sub(r"-{2,}", "-", re.sub(r"[^a-z0-9]", "-", text.lower())).strip("-")
 
@@ -194,6 +246,7 @@ class GradeRow:
     max_points: float = 0.0
     execution: Execution | None = None
     namespace: str | None = None
+    graded_at: datetime | None = None  # set by grade_batch; the gradebook's "graded-at"
 
     @property
     def graded(self) -> bool:
@@ -218,6 +271,7 @@ class BatchResult:
     gradebook: Path
     out_dir: Path
     suite: CheckSuite
+    gradebook_rows: int | None = None  # rows in the merged gradebook, this batch's and earlier ones
 
     def summary_text(self) -> str:
         """A short English report for the CLI: counts per status and where the files are."""
@@ -227,8 +281,9 @@ class BatchResult:
         graded = [r.total for r in self.rows if r.total is not None]
         mean = f", mean {_fmt(sum(graded) / len(graded))}/{_fmt(self.suite.max_points)}" if graded else ""
         statuses = ", ".join(f"{status} {n}" for status, n in sorted(counts.items()))
+        kept = f" ({self.gradebook_rows} row(s))" if self.gradebook_rows is not None else ""
         return (f"lab {self.lab}: {len(self.rows)} submission(s) ({statuses or 'none'}){mean}\n"
-                f"gradebook: {self.gradebook}\nfeedback:  {self.out_dir / 'feedback'}")
+                f"gradebook: {self.gradebook}{kept}\nfeedback:  {self.out_dir / 'feedback'}")
 
 
 def _fmt(value: float | None) -> str:
@@ -244,25 +299,191 @@ def column_name(chk: Check) -> str:
 
 
 def gradebook_header(suite: CheckSuite) -> list[str]:
-    return ["learner", *(column_name(c) for c in suite.checks), "total", "max", "status", "reason"]
+    """The columns gpulab writes for ``suite`` (see the module docstring)."""
+    return ["learner", *(column_name(c) for c in suite.checks), *SUMMARY_COLUMNS]
 
 
-def write_gradebook(path: str | Path, suite: CheckSuite, rows: Iterable[GradeRow]) -> None:
-    """Atomically (re)write the CSV: header, then one row per learner sorted by id."""
-    buffer = io.StringIO()
-    writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow(gradebook_header(suite))
-    for row in sorted(rows, key=lambda r: r.learner):
-        earned = {o.check_id: o.earned for o in row.outcomes}
-        cells = [_fmt(earned.get(c.id)) if row.graded and c.id in earned else "" for c in suite.checks]
-        writer.writerow([row.learner, *cells, _fmt(row.total), _fmt(suite.max_points), row.status,
-                         " ".join(row.reason.split())])
-    atomic_write_bytes(path, buffer.getvalue().encode("utf-8-sig"))
+def utc_now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def iso_utc(moment: datetime) -> str:
+    """``2025-03-01T08:30:00Z``: ISO 8601, UTC, whole seconds (naive datetimes are taken as UTC)."""
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=timezone.utc)
+    return moment.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def gradebook_cells(suite: CheckSuite, row: GradeRow, lab: str | None = None) -> dict[str, str]:
+    """``row`` as the gradebook's cells, by column name; ``graded-at`` is now when the row has none."""
+    earned = {o.check_id: o.earned for o in row.outcomes}
+    cells = {"learner": row.learner}
+    for chk in suite.checks:
+        cells[column_name(chk)] = _fmt(earned[chk.id]) if row.graded and chk.id in earned else ""
+    max_points = suite.max_points
+    percent = _fmt(100 * row.total / max_points) if row.total is not None and max_points > 0 else ""
+    cells.update({"total": _fmt(row.total), "max": _fmt(max_points), "percent": percent, "status": row.status,
+                  "reason": " ".join(row.reason.split()), "graded-at": iso_utc(row.graded_at or utc_now()),
+                  "lab": lab or suite.lab})
+    return cells
+
+
+def _same_lab(a: str, b: str) -> bool:
+    """``"03"``, ``"lab_03"`` and ``"03-taints-tolerations"`` are one lab."""
+    if a == b:
+        return True
+    prefix = _lab_prefix(a)
+    return prefix is not None and prefix == _lab_prefix(b)
+
+
+def _read_table(path: Path) -> tuple[list[str], list[dict[str, str]]]:
+    """Header and rows of the CSV at ``path``; ``([], [])`` when there is none (or it is empty)."""
+    try:
+        text = path.read_bytes().decode("utf-8-sig")
+    except FileNotFoundError:
+        return [], []
+    except UnicodeDecodeError as exc:
+        raise GradebookError(f"{path}: not UTF-8 ({exc.reason} at byte {exc.start}); if a spreadsheet app "
+                             f"saved it, save it again as \"CSV UTF-8\"; nothing was changed") from exc
+    records = [r for r in csv.reader(io.StringIO(text, newline="")) if r]
+    if not records:
+        return [], []
+    header, body = records[0], records[1:]
+    if "learner" not in header:
+        raise GradebookError(f"{path}: not a gpulab gradebook (no 'learner' column in {header[:4]}); "
+                             "move it away or grade into another --out folder; nothing was changed")
+    if len(set(header)) != len(header):
+        twice = sorted({c for c in header if header.count(c) > 1})
+        raise GradebookError(f"{path}: column(s) {', '.join(twice)} appear twice; keep one of each, "
+                             "then grade again; nothing was changed")
+    rows = []
+    for number, record in enumerate(body, 2):
+        if len(record) > len(header):
+            raise GradebookError(f"{path}: line {number} has {len(record)} cells but the header {len(header)}; "
+                                 "fix that row, then grade again; nothing was changed")
+        rows.append(dict(zip(header, record + [""] * (len(header) - len(record)))))
+    return header, rows
+
+
+def _details_lab(details: Path) -> str | None:
+    try:
+        lab = json.loads(details.read_text(encoding="utf-8")).get("lab")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return str(lab) if lab else None
+
+
+def _check_lab(path: Path, lab: str, rows: Iterable[Mapping[str, str]]) -> None:
+    """Refuse when ``rows`` (or, for an older gradebook without a lab column, the details.json beside it)
+    belong to another lab."""
+    labs = list(dict.fromkeys(r.get("lab", "") for r in rows if r.get("lab", "")))
+    source = path
+    if not labs:
+        found = _details_lab(path.parent / DETAILS)
+        labs, source = ([found] if found else []), path.parent / DETAILS
+    others = [other for other in labs if not _same_lab(other, lab)]
+    if others:
+        raise GradebookError(
+            f"{source} holds grades of lab {', '.join(others)}, not of lab {lab}: a gradebook folder is for "
+            f"one lab. Grade lab {lab} into its own --out folder (default grades/<lab>), or move "
+            f"{path.parent} away first; nothing was changed")
+
+
+def check_out_dir(out_dir: str | Path, lab: str) -> None:
+    """Raise :class:`GradebookError` unless ``out_dir`` is new or already holds grades of ``lab``."""
+    out = Path(out_dir)
+    _, rows = _read_table(out / GRADEBOOK)
+    _check_lab(out / GRADEBOOK, lab, rows)
+    found = _details_lab(out / DETAILS)
+    if found and not _same_lab(found, lab):
+        _check_lab(out / DETAILS, lab, [{"lab": found}])
+
+
+def merge_gradebook(header: Sequence[str], rows: Sequence[Mapping[str, str]], suite: CheckSuite,
+                    graded: Iterable[GradeRow], lab: str | None = None) -> tuple[list[str], list[dict[str, str]]]:
+    """Merge ``graded`` into an existing gradebook's ``header`` and ``rows`` (pure; see the module docstring).
+
+    Returns the new header and rows. Rows of learners in ``graded`` are replaced
+    in place (a learner listed twice in the old file keeps only the first,
+    replaced, row); other rows are kept as they are; new learners come last,
+    in ``graded``'s order.
+    """
+    ours = gradebook_header(suite)
+    older = [c for c in header if c not in ours]
+    retired = [c for c in older if _CHECK_COLUMN.match(c)]
+    extra = [c for c in older if not _CHECK_COLUMN.match(c)]
+    columns = [*ours[:-len(SUMMARY_COLUMNS)], *retired, *SUMMARY_COLUMNS, *extra]
+    fresh = {row.learner: gradebook_cells(suite, row, lab) for row in graded}
+    merged: list[dict[str, str]] = []
+    placed: set[str] = set()
+    for old in rows:
+        learner = old.get("learner", "")
+        if learner not in fresh:
+            merged.append(dict(old))
+        elif learner not in placed:
+            placed.add(learner)
+            merged.append({**{c: old.get(c, "") for c in extra}, **fresh[learner]})
+    merged += [cells for learner, cells in fresh.items() if learner not in placed]
+    return columns, merged
+
+
+def _remove_stale_temps(path: Path) -> None:
+    """Temporary files a killed writer of ``path`` left behind (call with ``path``'s lock held)."""
+    for stale in path.parent.glob(f".{path.name}.*.tmp"):
+        stale.unlink(missing_ok=True)
+
+
+def write_gradebook(path: str | Path, suite: CheckSuite, rows: Iterable[GradeRow], *,
+                    lab: str | None = None) -> int:
+    """Merge ``rows`` into the CSV at ``path`` (created if missing) atomically; returns its row count.
+
+    Holds ``path``'s lock from reading to replacing, so concurrent graders keep
+    each other's rows. Raises :class:`GradebookError`, leaving the file as it
+    was, when it holds another lab's grades or cannot be read as a gradebook.
+    """
+    target = Path(path)
+    lab = lab or suite.lab
+    with locked(target):
+        header, old = _read_table(target)
+        _check_lab(target, lab, old)
+        columns, merged = merge_gradebook(header, old, suite, rows, lab)
+        buffer = io.StringIO()
+        writer = csv.writer(buffer, lineterminator="\n")
+        writer.writerow(columns)
+        writer.writerows([cells.get(c, "") for c in columns] for cells in merged)
+        _remove_stale_temps(target)
+        atomic_write_bytes(target, buffer.getvalue().encode("utf-8-sig"))
+    return len(merged)
 
 
 def read_gradebook(path: str | Path) -> list[dict[str, str]]:
+    """The gradebook's rows as ``{column: cell}`` dicts, in file order."""
     with open(path, encoding="utf-8-sig", newline="") as handle:
         return list(csv.DictReader(handle))
+
+
+def write_details(out_dir: str | Path, lab: str, suite: CheckSuite, learners: Mapping[str, Any]) -> None:
+    """Merge ``learners`` (learner → details) into ``out_dir/details.json`` under its lock, atomically."""
+    path = Path(out_dir) / DETAILS
+    with locked(path):
+        try:
+            old = json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            old = {}
+        except ValueError as exc:
+            raise GradebookError(f"{path}: not valid JSON ({exc}); move it away, then grade again; "
+                                 "nothing was changed") from exc
+        if not isinstance(old, dict):
+            raise GradebookError(f"{path}: not a gpulab details file; move it away, then grade again")
+        if old.get("lab"):
+            _check_lab(path, lab, [{"lab": str(old["lab"])}])
+        merged = dict(old.get("learners") or {})
+        merged.update(learners)
+        _remove_stale_temps(path)
+        atomic_write_json(path, {"lab": lab, "max_points": suite.max_points,
+                                 "checks": [{"id": c.id, "title": c.title, "points": c.points, "hidden": c.hidden}
+                                            for c in suite.checks],
+                                 "learners": merged})
 
 
 # --------------------------------------------------------------------------- feedback
@@ -374,26 +595,30 @@ def grade_batch(submissions_dir: str | Path, lab: str, checks: CheckSuite | Iter
                 progress: Callable[[ProgressEvent], None] | None = None, collector: Collector | None = None,
                 sandbox: Sandbox | None = None, parameters: Mapping[str, Any] | None = None,
                 cwd: str | Path | None = None,
-                namespace_for: Callable[[str, str], str] = default_namespace) -> BatchResult:
-    """Grade every submission of ``lab`` in ``submissions_dir`` into ``out_dir``.
+                namespace_for: Callable[[str, str], str] = default_namespace,
+                learners: Iterable[str] | None = None,
+                clock: Callable[[], datetime] = utc_now) -> BatchResult:
+    """Grade the submissions of ``lab`` in ``submissions_dir`` into ``out_dir``, merging into its gradebook.
 
     ``checks`` is a :class:`CheckSuite` (or checks, or None to load the lab's
     module); ``hidden`` a directory of hidden check files or checks. ``cwd`` is
     the kernel's working directory (default: the submission's directory); set
     it to ``labs/`` so relative paths to ``manifests/`` resolve as for learners.
+    ``learners`` limits grading to those learners' submissions; ``clock`` gives
+    each row's ``graded-at``. An unknown learner or an ``out_dir`` holding
+    another lab's grades raises :class:`GradebookError` before anything is run
+    or written; rows already in the gradebook are kept (see the module docstring).
     """
     out = Path(out_dir)
     suite = _resolve_suite(lab, checks, hidden)
     collector = collector or NullCollector()
-    subs = discover_submissions(submissions_dir, lab)
+    subs = select_submissions(discover_submissions(submissions_dir, lab), learners, submissions_dir)
+    check_out_dir(out, lab)
     (out / "feedback").mkdir(parents=True, exist_ok=True)
     gradebook = out / GRADEBOOK
     rows: list[GradeRow] = []
-    details: dict[str, Any] = {"lab": lab, "max_points": suite.max_points,
-                               "checks": [{"id": c.id, "title": c.title, "points": c.points, "hidden": c.hidden}
-                                          for c in suite.checks],
-                               "learners": {}}
-    write_gradebook(gradebook, suite, rows)
+    count = write_gradebook(gradebook, suite, rows, lab=lab)  # the header of this check set, at once
+    write_details(out, lab, suite, {})
     for index, sub in enumerate(subs, 1):
         if progress:
             progress(ProgressEvent(index, len(subs), sub.learner, "start"))
@@ -406,21 +631,22 @@ def grade_batch(submissions_dir: str | Path, lab: str, checks: CheckSuite | Iter
             row_trace = traceback.format_exc(limit=8)
         else:
             row_trace = ""
+        row.graded_at = clock()
         rows.append(row)
         atomic_write_text(out / "feedback" / f"{row.learner}.md", feedback_markdown(lab, row, suite.max_points))
-        details["learners"][row.learner] = {
+        detail = {
             "status": row.status, "reason": row.reason, "total": row.total, "namespace": row.namespace,
+            "graded_at": iso_utc(row.graded_at),
             "execution": _execution_dict(row.execution), "grader_traceback": row_trace,
             "checks": [{"id": o.check_id, "label": o.label, "points": o.points, "earned": o.earned,
                         "passed": o.passed, "message": o.message, "detail": o.detail, "error": o.error,
                         "hidden": o.hidden} for o in row.outcomes],
         }
-        write_gradebook(gradebook, suite, rows)
-        atomic_write_json(out / "details.json", details)
+        count = write_gradebook(gradebook, suite, [row], lab=lab)
+        write_details(out, lab, suite, {row.learner: detail})
         if progress:
             progress(ProgressEvent(index, len(subs), sub.learner, "done", row))
-    atomic_write_json(out / "details.json", details)
-    return BatchResult(lab, rows, gradebook, out, suite)
+    return BatchResult(lab, rows, gradebook, out, suite, count)
 
 
 class TqdmProgress:
@@ -453,12 +679,13 @@ def grade_lab(submissions_dir: str | Path, lab: str, out_dir: str | Path, *,
               hidden: str | Path | None = None, runner: NotebookRunner | None = None,
               collector: Collector | None = None, sandbox: Sandbox | None = None,
               parameters: Mapping[str, Any] | None = None, cwd: str | Path | None = None,
-              show_progress: bool = True) -> BatchResult:
+              show_progress: bool = True, learners: Iterable[str] | None = None) -> BatchResult:
     """CLI-facing wrapper of :func:`grade_batch`: the lab's own checks, a default Runner, a tqdm bar."""
     bar = TqdmProgress() if show_progress else None
     try:
         return grade_batch(submissions_dir, lab, None, runner or Runner(), out_dir, hidden=hidden, progress=bar,
-                           collector=collector, sandbox=sandbox, parameters=parameters, cwd=cwd)
+                           collector=collector, sandbox=sandbox, parameters=parameters, cwd=cwd,
+                           learners=learners)
     finally:
         if bar is not None:
             bar.close()

@@ -22,14 +22,18 @@ from .checks import CheckLoadError, CheckSuite, load_hidden_checks, load_lab_che
 from .cluster import ClusterCollector, ClusterSandbox, LabSpec, SandboxError, delete_leftovers, load_lab_spec
 from .gradebook import (
     BatchResult,
+    GradebookError,
     GradeRow,
     ProgressEvent,
     Submission,
     TqdmProgress,
+    check_out_dir,
+    discover_submissions,
     feedback_markdown,
     grade_batch,
     grade_submission,
     k8s_name,
+    select_submissions,
 )
 from .jail import Jail
 from .runner import Runner
@@ -114,11 +118,22 @@ def namespace_for(spec: LabSpec, prefix: str = "grade") -> Callable[[str, str], 
 def grade_submissions(submissions_dir: str | Path, lab: str, out_dir: str | Path, *, hidden: str | Path | None = None,
                       jail: bool = True, restore: str = "targeted", cluster: Any = None,
                       progress: Callable[[ProgressEvent], None] | bool = True,
-                      cell_timeout: float | None = None) -> BatchResult:
-    """Grade every submission of ``lab`` in ``submissions_dir`` on the local cluster (``gpulab grade``)."""
+                      cell_timeout: float | None = None, learners: Iterable[str] | None = None) -> BatchResult:
+    """Grade the submissions of ``lab`` in ``submissions_dir`` on the local cluster (``gpulab grade``).
+
+    ``learners`` limits it to those learners; the rows of everyone else already
+    in ``out_dir``'s gradebook stay (see :mod:`gpulab.grading.gradebook`).
+    """
     submissions_dir, out_dir = Path(submissions_dir), Path(out_dir)
     if not submissions_dir.is_dir():
         raise GradingError(f"{submissions_dir}: no such directory of submissions")
+    learners = None if learners is None else list(learners)
+    lab_id = _spec(lab).lab
+    try:  # before the cluster and the jail: a wrong name or folder is told at once
+        select_submissions(discover_submissions(submissions_dir, lab_id), learners, submissions_dir)
+        check_out_dir(out_dir, lab_id)
+    except GradebookError as exc:
+        raise GradingError(str(exc)) from exc
     ready = setup(lab, cluster=cluster, hidden=hidden, jail=jail, masks=(submissions_dir, out_dir), restore=restore,
                   cell_timeout=cell_timeout)
     bar = TqdmProgress() if progress is True else (progress or None)
@@ -127,7 +142,10 @@ def grade_submissions(submissions_dir: str | Path, lab: str, out_dir: str | Path
         delete_leftovers(ready.sandbox.client, f"grade-{ready.spec.number}-")
         return grade_batch(submissions_dir, ready.spec.lab, ready.suite, ready.runner, out_dir,
                            progress=bar, collector=ready.collector, sandbox=ready.sandbox,
-                           parameters=dict(ready.spec.parameters), namespace_for=namespace_for(ready.spec))
+                           parameters=dict(ready.spec.parameters), namespace_for=namespace_for(ready.spec),
+                           learners=learners)
+    except GradebookError as exc:
+        raise GradingError(str(exc)) from exc
     finally:
         if isinstance(bar, TqdmProgress):
             bar.close()

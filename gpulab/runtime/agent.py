@@ -52,6 +52,10 @@ class AdmissionError(Exception):
         self.message = message
 
 
+class AdmissionPending(Exception):
+    """The node cannot admit a pod yet (its device plugin is expected back): the pod waits, Pending."""
+
+
 @dataclasses.dataclass
 class ContainerKill:
     """The device side ends a running container (say, its CUDA program ran out of GPU memory)."""
@@ -64,7 +68,10 @@ class DeviceHooks(Protocol):
     """How the GPU stack takes part in a pod's life (the kubelet's device manager and the GPUs)."""
 
     def admit(self, pod: dict[str, Any]) -> None:
-        """Allocate the pod's devices before anything starts; raises AdmissionError."""
+        """Allocate the pod's devices before anything starts; raises AdmissionError or AdmissionPending."""
+
+    def adopt(self, pod: dict[str, Any]) -> None:
+        """A pod that ran before the node agent restarted: take back its devices from the checkpoint."""
 
     def prepare(self, pod: dict[str, Any], container: dict[str, Any]) -> DeviceGrant: ...
 
@@ -74,9 +81,15 @@ class DeviceHooks(Protocol):
     def release(self, pod: dict[str, Any]) -> None:
         """The pod is finished (terminal or deleted): its devices are free again. Idempotent."""
 
+    def retain(self, pod_uids: set[str]) -> None:
+        """After a restart: forget devices held by pods that no longer exist (deleted meanwhile)."""
+
 
 class NoDevices:
     def admit(self, pod: dict[str, Any]) -> None:
+        pass
+
+    def adopt(self, pod: dict[str, Any]) -> None:
         pass
 
     def prepare(self, pod: dict[str, Any], container: dict[str, Any]) -> DeviceGrant:
@@ -86,6 +99,9 @@ class NoDevices:
         return None
 
     def release(self, pod: dict[str, Any]) -> None:
+        pass
+
+    def retain(self, pod_uids: set[str]) -> None:
         pass
 
 
@@ -302,6 +318,8 @@ class NodeAgent:
         try:
             live = {p["metadata"]["uid"] for p in self.client.list("Pod")}
             self.logs.sweep(live)
+            # Workers started since the list are live too.
+            self.devices.retain(live | set(self.workers))
         except api.ApiError:
             pass
         if ready_file:

@@ -21,18 +21,22 @@ import dataclasses
 import hashlib
 import os
 import signal
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
 from . import logs, programs, sandbox
+from .shim import ShimError, ShimHandle
 
 LOAD_ANNOTATION = "gpulab.io/model-load-seconds"
 # A container may not run longer than this on a 2-core teaching machine;
 # override with GPULAB_CONTAINER_MAX_SECONDS.
 DEFAULT_MAX_SECONDS = 3600
 DEFAULT_MEMORY_CAP = 2 << 30
+# The message of a container whose process vanished with no exit status (its shim was killed).
+LOST = "the container's process was lost when gpulab's node agent restarted"
+# What the node agent writes before it stops containers because it is stopping itself.
+NODE_SHUTDOWN = "node-shutdown"
 
 
 def rfc3339(t: float) -> str:
@@ -92,9 +96,8 @@ class Container:
         self.started_at: float | None = None
         self.termination: Termination | None = None
         self.last_termination: Termination | None = None
-        self.proc: subprocess.Popen | None = None
+        self.shim: ShimHandle | None = None
         self.log: logs.LogWriter | None = None
-        self.pumps: list = []
         self.ready = False
         self.started = False  # startup probe passed (or none)
         self.next_start = 0.0
@@ -126,31 +129,33 @@ class Container:
     def previous_log_path(self) -> Path | None:
         return self.log_path(self.restart_count - 1) if self.restart_count else None
 
+    def run_dir(self, restart: int | None = None) -> Path:
+        n = self.restart_count if restart is None else restart
+        return self.pod_dir / "run" / f"{self.name}-{n}"
+
     # -- lifecycle -----------------------------------------------------------
+
+    def _begin(self, started_at: float) -> None:
+        self.state = "running"
+        self.started_at = started_at
+        self.termination = None
+        self.kill_reason = None
+        max_seconds = float(os.environ.get("GPULAB_CONTAINER_MAX_SECONDS", DEFAULT_MAX_SECONDS))
+        self.deadline = started_at + max_seconds
 
     def start(self, argv: list[str], env: dict[str, str], mounts: list[sandbox.Mount],
               devices: list[sandbox.Mount], limits: dict[str, Any], uid: int | None, gid: int | None,
               hostname: str, program_ctx: programs.ProgramContext | None = None) -> None:
-        now = time.time()
-        self.state = "running"
-        self.started_at = now
-        self.termination = None
+        self._begin(time.time())
         self.ready = False
         self.started = "startupProbe" not in self.spec
-        self.kill_reason = None
-        max_seconds = float(os.environ.get("GPULAB_CONTAINER_MAX_SECONDS", DEFAULT_MAX_SECONDS))
-        self.deadline = now + max_seconds
-        self.log = logs.LogWriter(self.log_path())
         if self.factory is not None and program_ctx is not None:
-            writer = self.log
-            program_ctx.log = lambda stream, text: writer.write_line(stream, text.encode(errors="replace"))
-            self.program = self.factory(program_ctx)
-            self.program.start()
+            self._run_program(program_ctx)
             return
         if self.simulated:
+            self.log = logs.LogWriter(self.log_path())
             return
-        run_dir = self.pod_dir / "run" / f"{self.name}-{self.restart_count}"
-        run_dir.mkdir(parents=True, exist_ok=True)
+        run_dir = self.run_dir()
         spec = sandbox.SandboxSpec(
             argv=argv, env=env, rootfs=run_dir / "rootfs", workdir=self.spec.get("workingDir") or "/",
             hostname=hostname, mounts=mounts, devices=devices, uid=uid, gid=gid,
@@ -158,9 +163,62 @@ class Container:
             cpu_seconds=limits.get("cpu_seconds"),
             file_bytes=limits.get("file_bytes"),
         )
-        self.proc = sandbox.launch(spec, run_dir / "sandbox.json", subprocess.PIPE, subprocess.PIPE)
-        assert self.proc.stdout is not None and self.proc.stderr is not None
-        self.pumps = [self.log.pump(self.proc.stdout, "stdout"), self.log.pump(self.proc.stderr, "stderr")]
+        # The shim, not this process, owns the container's process and its log:
+        # both outlive a restart of the node agent, as under a real kubelet.
+        try:
+            self.shim = ShimHandle.start(spec, run_dir, self.log_path())
+        except ShimError:
+            self.state = "waiting"
+            raise
+        self.started_at = self.shim.started_at or self.started_at
+
+    def _run_program(self, program_ctx: programs.ProgramContext) -> None:
+        self.log = logs.LogWriter(self.log_path())
+        writer = self.log
+        program_ctx.log = lambda stream, text: writer.write_line(stream, text.encode(errors="replace"))
+        self.program = self.factory(program_ctx)  # type: ignore[misc]
+        self.program.start()
+
+    # -- adoption after a node-agent restart ---------------------------------------
+
+    def adopt_running(self, started_at: float) -> bool:
+        """Take over this run after a restart of the node agent; False when its process is gone.
+
+        Simulated containers have no process and simply carry on. A process
+        is found through its shim; a built-in program (a thread of the agent
+        that died) is resumed by :meth:`resume_program` once the pod's
+        volumes are ready, without counting a restart: on a real node the
+        container never stopped.
+        """
+        self._begin(started_at)
+        if self.simulated:
+            self.log = logs.LogWriter(self.log_path())
+            return True
+        if self.factory is not None:
+            return True
+        handle = ShimHandle.find(self.run_dir())
+        if handle is None:
+            self.termination = Termination(137, "Error", started_at, time.time(), LOST)
+            self.state = "terminated"
+            return False
+        self.shim = handle
+        if handle.stop_reason() == NODE_SHUTDOWN:
+            # Stopped with the node (``gpulab down``), not crashed: like a reboot.
+            status = handle.exit_status() or {}
+            self.shim = None
+            self.termination = Termination(137, "Error", started_at, status.get("finished_at") or time.time(), LOST)
+            self.state = "terminated"
+            return False
+        return True
+
+    @property
+    def needs_resume(self) -> bool:
+        return self.state == "running" and self.factory is not None and self.program is None
+
+    def resume_program(self, program_ctx: programs.ProgramContext) -> None:
+        self._run_program(program_ctx)
+
+    # -- watching --------------------------------------------------------------------
 
     def poll(self) -> Termination | None:
         """Notice that the process exited (or overran its wall-clock limit)."""
@@ -171,25 +229,28 @@ class Container:
             if rc is not None:
                 self._finish(rc)
             return self.termination
-        if self.proc is None:
+        if self.shim is None:
             if self.deadline and time.time() > self.deadline:
                 self.stop(grace=0, reason=("DeadlineExceeded", "container ran past gpulab's wall-clock limit"))
                 return self.termination
             return None
-        rc = self.proc.poll()
-        if rc is None:
-            if self.deadline and time.time() > self.deadline:
-                self.stop(grace=2, reason=("DeadlineExceeded", "container ran past gpulab's wall-clock limit"))
-                return self.termination
-            return None
-        self._finish(rc)
-        return self.termination
+        status = self.shim.exit_status()
+        if status is not None:
+            self._finish(status["returncode"], status.get("finished_at"))
+            return self.termination
+        if self.shim.lost():
+            self.kill_reason = ("Error", LOST)
+            self._finish(137)
+            return self.termination
+        if self.deadline and time.time() > self.deadline:
+            self.stop(grace=2, reason=("DeadlineExceeded", "container ran past gpulab's wall-clock limit"))
+            return self.termination
+        return None
 
-    def _finish(self, rc: int) -> None:
-        for t in self.pumps:
-            t.join(timeout=2)
+    def _finish(self, rc: int, finished_at: float | None = None) -> None:
         if self.log:
             self.log.close()
+            self.log = None
         sig = None
         if rc < 0:
             sig = -rc
@@ -198,64 +259,60 @@ class Container:
         message = self.kill_reason[1] if self.kill_reason else ""
         if self.kill_reason and self.kill_reason[0] == "DeadlineExceeded":
             reason = "DeadlineExceeded"
-        self.termination = Termination(rc, reason, self.started_at or time.time(), time.time(), message, sig)
+        self.termination = Termination(rc, reason, self.started_at or time.time(), finished_at or time.time(),
+                                       message, sig)
         self.state = "terminated"
         self.ready = False
-        self.proc = None
+        self.shim = None
         self.program = None
 
     def kill(self, exit_code: int, lines: list[str]) -> None:
         """End the container as its own process failing would: last words on stderr, then ``exit_code``."""
         if self.state != "running":
             return
-        if self.proc is not None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            self.proc.wait()
-            for t in self.pumps:
-                t.join(timeout=2)
+        if self.shim is not None:
+            self.shim.signal(signal.SIGKILL)
+            if self.shim.wait(5) is None:
+                self.shim.kill_shim()
         elif self.program is not None:
             self.program.stop(0)
-        if self.log:
+        if lines:
+            writer = self.log or logs.LogWriter(self.log_path())
             for line in lines:
-                self.log.write_line("stderr", line.encode(errors="replace"))
+                writer.write_line("stderr", line.encode(errors="replace"))
+            if writer is not self.log:
+                writer.close()
         self.kill_reason = None
         self._finish(exit_code)
 
-    def stop(self, grace: float, reason: tuple[str, str] | None = None) -> None:
-        """SIGTERM, then SIGKILL after ``grace`` seconds, as a kubelet kills a container."""
+    def stop(self, grace: float, reason: tuple[str, str] | None = None, why: str = "") -> None:
+        """SIGTERM, then SIGKILL after ``grace`` seconds, as a kubelet kills a container.
+
+        ``why`` (say :data:`NODE_SHUTDOWN`) is left for a later node agent to read.
+        """
         if self.state != "running":
             return
         self.kill_reason = reason
         if self.program is not None:
             self._finish(self.program.stop(grace))
             return
-        if self.proc is None:
-            # A simulated container dies of the signal it was sent.
+        if self.shim is None:
+            # A simulated container (or a program not resumed yet) dies of the signal it was sent.
             rc = 137 if grace == 0 else 143
             if self.log:
                 self.log.close()
+                self.log = None
             msg = reason[1] if reason else ""
-            why = reason[0] if reason and reason[0] == "DeadlineExceeded" else "Error"
-            self.termination = Termination(rc, why, self.started_at or time.time(), time.time(), msg)
+            why_ = reason[0] if reason and reason[0] == "DeadlineExceeded" else "Error"
+            self.termination = Termination(rc, why_, self.started_at or time.time(), time.time(), msg)
             self.state = "terminated"
             self.ready = False
             return
-        try:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-        try:
-            self.proc.wait(timeout=max(grace, 0.0) or 0.01)
-        except subprocess.TimeoutExpired:
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            self.proc.wait()
-        self._finish(self.proc.returncode)
+        status = self.shim.stop(grace, why)
+        if status is None:
+            self._finish(137)
+        else:
+            self._finish(status["returncode"], status.get("finished_at"))
 
     def mark_restart(self, now: float) -> None:
         """Terminated → waiting; remembers the last run as ``lastState``."""

@@ -25,7 +25,7 @@ from kubernetes.utils import parse_quantity
 
 from ..cluster import api
 from . import probes, programs, sandbox
-from .containers import Container, Termination, rfc3339
+from .containers import LOST, NODE_SHUTDOWN, Container, Termination, rfc3339
 from .volumes import VolumeError, field_value, resource_value
 
 if TYPE_CHECKING:
@@ -34,7 +34,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("gpulab.runtime")
 
 BACKOFF_INITIAL = 10.0
-LOST = "the container's process was lost when gpulab's node agent restarted"
 BACKOFF_MAX = 300.0
 VAR_REF = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)|\$\$")
 
@@ -78,6 +77,7 @@ class PodWorker(threading.Thread):
         self.pushed: dict[str, Any] | None = None
         self.initialized = not self.init
         self.admitted = False
+        self.adopted = False  # it ran under an earlier node agent
         self.devices_released = False
         self.last_event: dict[tuple[str, str], float] = {}
         self._adopt(pod)
@@ -111,46 +111,67 @@ class PodWorker(threading.Thread):
     # -- adoption after a node-agent restart ----------------------------------
 
     def _adopt(self, pod: dict[str, Any]) -> None:
+        """Pick up where an earlier node agent left this pod, as a restarted kubelet does.
+
+        Containers keep running across the restart: simulated ones have no
+        process, processes live on under their shims (:mod:`gpulab.runtime.shim`),
+        built-in programs are resumed. Restart counts, start times and
+        finished init containers are kept from the reported status. A pod
+        that already ran is not admitted again: its devices come back from the
+        device manager's checkpoint (:meth:`DeviceHooks.adopt`).
+        """
         status = pod.get("status") or {}
         phase = status.get("phase")
         if phase in ("Succeeded", "Failed"):
+            # Finished: keep what was reported, so that the status computed here matches it.
             self.terminal = phase
             self.pushed = status
+            if status.get("reason"):
+                self.terminal_reason = (status["reason"], status.get("message") or "")
+            for c, cs in list(_pair(self.init, status.get("initContainerStatuses"))) + list(
+                    _pair(self.main, status.get("containerStatuses"))):
+                self._adopt_container(c, cs)
+            self.initialized = True
             return
         if status.get("startTime"):
             self.start_time = _parse_time(status["startTime"])
         self.pod_ip = status.get("podIP")
-        # Simulated containers carry no process and survive a restart of the
-        # agent as they would survive a kubelet restart; real processes died
-        # with the old agent and are reported as such.
+        seen = False
+        for c, cs in _pair(self.init, status.get("initContainerStatuses")):
+            seen |= self._adopt_container(c, cs)
         for c, cs in _pair(self.main, status.get("containerStatuses")):
-            c.restart_count = cs.get("restartCount", 0)
-            running = (cs.get("state") or {}).get("running")
-            if running and c.simulated:
-                c.state, c.started_at = "running", _parse_time(running["startedAt"])
-                c.started = cs.get("started", True)
-                c.ready = cs.get("ready", False)
-                c.prober = probes.Prober(c.spec, c.started_at)
-            elif running:
-                # The process died with the previous node agent; say so, and
-                # let the pod's restartPolicy decide what happens next.
-                started = _parse_time(running["startedAt"])
-                c.state, c.started_at = "terminated", started
-                c.termination = Termination(137, "Error", started, time.time(),
-                                            LOST)
-        inits = list(_pair(self.init, status.get("initContainerStatuses")))
-        if self.init and len(inits) == len(self.init) and all(
-            ((cs.get("state") or {}).get("terminated") or {}).get("exitCode") == 0 for _, cs in inits
-        ):
-            # Init containers ran to completion before the restart: keep what
-            # they reported, as the kubelet keeps their statuses.
-            self.initialized = True
-            for c, cs in inits:
-                term = cs["state"]["terminated"]
-                c.restart_count = cs.get("restartCount", 0)
-                c.state, c.started_at = "terminated", _parse_time(term["startedAt"])
-                c.termination = Termination(0, term.get("reason") or "Completed", c.started_at,
-                                            _parse_time(term["finishedAt"]), term.get("message") or "")
+            seen |= self._adopt_container(c, cs)
+        self.initialized = all(
+            (c.sidecar and c.state == "running")
+            or (c.state == "terminated" and c.termination is not None and c.termination.exit_code == 0)
+            for c in self.init)
+        self.adopted = seen
+
+    def _adopt_container(self, c: Container, cs: dict[str, Any]) -> bool:
+        """Restore one container from its reported status; True if it had started before."""
+        c.restart_count = cs.get("restartCount", 0)
+        state = cs.get("state") or {}
+        last = (cs.get("lastState") or {}).get("terminated")
+        if last:
+            c.last_termination = _termination(last)
+        if "running" in state:
+            started = _parse_time(state["running"]["startedAt"])
+            c.started = cs.get("started", True)
+            c.ready = cs.get("ready", False)
+            if c.adopt_running(started):
+                c.prober = probes.Prober(c.spec, started)
+            return True
+        if "terminated" in state:
+            c.state = "terminated"
+            c.termination = _termination(state["terminated"])
+            c.started_at = c.termination.started_at
+            return True
+        if c.restart_count or last:
+            # Waiting in a back-off: the kubelet's back-off lives in memory; a new one starts now.
+            c.state = "waiting"
+            c.waiting_reason = (state.get("waiting") or {}).get("reason") or "ContainerCreating"
+            return True
+        return False
 
     # -- the sync loop -------------------------------------------------------
 
@@ -158,7 +179,7 @@ class PodWorker(threading.Thread):
         """One pass; True when the worker is finished with this pod."""
         pod = self.pod
         if self.stopping:
-            self._kill_all(grace=2)
+            self._kill_all(grace=2, why=NODE_SHUTDOWN)
             return True
         if self.gone:
             self._kill_all(grace=0)
@@ -187,6 +208,9 @@ class PodWorker(threading.Thread):
         if self.volumes is None and not self._setup():
             self._push()
             return False
+        for c in self.init + self.main:
+            if c.needs_resume:
+                self._resume(c)
         deadline = pod["spec"].get("activeDeadlineSeconds")
         if deadline is not None and now - self.start_time > float(deadline):
             self._kill_all(grace=0)
@@ -202,11 +226,24 @@ class PodWorker(threading.Thread):
         return False
 
     def _admit(self) -> bool:
-        """The kubelet's admission: a pod's devices are allocated before any of it starts."""
-        from .agent import AdmissionError
+        """The kubelet's admission: a pod's devices are allocated before any of it starts.
 
+        A pod that was already running when the node agent restarted is not
+        admitted again (a plugin that has not re-registered yet would refuse
+        it); it keeps the devices the checkpoint records. A new pod whose
+        device plugin is expected back waits, Pending, until it is.
+        """
+        from .agent import AdmissionError, AdmissionPending
+
+        if self.adopted:
+            self.agent.devices.adopt(self.pod)
+            self.admitted = True
+            return True
         try:
             self.agent.devices.admit(self.pod)
+        except AdmissionPending as e:
+            self._event("WaitingForDevicePlugin", str(e), every=30)
+            return False
         except AdmissionError as e:
             self._fail(e.reason, e.message)
             return False
@@ -324,11 +361,7 @@ class PodWorker(threading.Thread):
         image = c.spec.get("image", "")
         self._event("Pulled", f'Container image "{image}" already present on machine and can be accessed by the pod')
         self._event("Created", f"Created container: {c.name}")
-        ctx = None
-        if c.factory is not None:
-            assert self.volumes is not None
-            ctx = programs.ProgramContext(self.agent, self.node, self.pod, c.spec, env, dict(self.volumes),
-                                          log=lambda stream, text: None)
+        ctx = self._program_context(c, env) if c.factory is not None else None
         try:
             c.start(argv, env, mounts, grant.devices, self._limits(c), uid, gid,
                     self.pod["spec"].get("hostname") or self.key[1], program_ctx=ctx)
@@ -343,6 +376,22 @@ class PodWorker(threading.Thread):
             c.ready = True
         self.agent.logs.register(self)
         self._event("Started", f"Started container {c.name}")
+
+    def _program_context(self, c: Container, env: dict[str, str]) -> programs.ProgramContext:
+        assert self.volumes is not None
+        return programs.ProgramContext(self.agent, self.node, self.pod, c.spec, env, dict(self.volumes),
+                                       log=lambda stream, text: None)
+
+    def _resume(self, c: Container) -> None:
+        """Run a built-in program again in its container after the node agent restarted."""
+        try:
+            env = self._env(c)
+            env.update(self.agent.devices.prepare(self.pod, c.spec).env)
+            c.resume_program(self._program_context(c, env))
+        except Exception as e:  # the program cannot come back: the container ends, its policy decides
+            log.warning("cannot resume %s in %s/%s: %s", c.name, self.key[0], self.key[1], e)
+            c.kill_reason = ("Error", LOST)
+            c.stop(grace=0, reason=("Error", LOST))
 
     def _schedule_restart(self, c: Container, now: float) -> None:
         if c.termination and c.termination.message == LOST:
@@ -415,12 +464,13 @@ class PodWorker(threading.Thread):
             shutil.rmtree(run, ignore_errors=True)
         return proc.returncode, out.decode(errors="replace")
 
-    def _kill_all(self, grace: float, reason: tuple[str, str] | None = None, event: bool = False) -> None:
+    def _kill_all(self, grace: float, reason: tuple[str, str] | None = None, event: bool = False,
+                  why: str = "") -> None:
         for c in self.main + self.init:
             if c.state == "running":
                 if event:
                     self._event("Killing", f"Stopping container {c.name}")
-                c.stop(grace=grace, reason=reason)
+                c.stop(grace=grace, reason=reason, why=why)
 
     def _fail(self, reason: str | None, message: str | None) -> None:
         self.terminal = "Failed"
@@ -622,6 +672,14 @@ def _parse_time(s: str) -> float:
     import calendar
 
     return float(calendar.timegm(time.strptime(s, "%Y-%m-%dT%H:%M:%SZ")))
+
+
+def _termination(t: dict[str, Any]) -> Termination:
+    """A Termination back from its API form (``state.terminated``)."""
+    started = _parse_time(t["startedAt"]) if t.get("startedAt") else time.time()
+    finished = _parse_time(t["finishedAt"]) if t.get("finishedAt") else started
+    return Termination(t.get("exitCode", 0), t.get("reason") or "", started, finished, t.get("message") or "",
+                       t.get("signal"))
 
 
 def _pair(containers: list[Container], statuses: list[dict[str, Any]] | None):

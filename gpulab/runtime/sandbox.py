@@ -82,9 +82,10 @@ def _unshare_argv() -> list[str]:
     if not unshare or not setpriv:
         missing = " and ".join(f"`{n}`" for n, p in (("unshare", unshare), ("setpriv", setpriv)) if not p)
         raise SandboxUnavailable(f"{missing} (util-linux) not installed; gpulab needs it to run pod commands")
-    # setpriv sets the death signal: if the node agent dies without stopping its containers
-    # (SIGKILL), the kernel kills them too. Doing it in a preexec_fn instead would make
-    # subprocess fork() the agent, and gRPC's fork handlers then abort some children.
+    # setpriv sets the death signal: if whoever started the sandbox dies without stopping it
+    # (the container's shim, or the node agent for a probe, killed with SIGKILL), the kernel
+    # kills it too. Doing it in a preexec_fn instead would make subprocess fork() the caller,
+    # and gRPC's fork handlers then abort some children.
     argv = [setpriv, "--pdeathsig", "KILL", unshare, "--net", "--mount", "--pid", "--uts", "--ipc", "--fork",
             "--kill-child"]
     if os.geteuid() != 0:
@@ -104,14 +105,18 @@ def check() -> None:
         )
 
 
-def launch(spec: SandboxSpec, spec_path: Path, stdout: int, stderr: int) -> subprocess.Popen:
-    """Start the sandboxed process; its pid is that of ``unshare``."""
+def write_spec(spec: SandboxSpec, spec_path: Path) -> None:
+    """Write what :mod:`gpulab.runtime.sandbox_init` reads, and the container's scratch root."""
     if os.geteuid() != 0:
         # Inside a user namespace with only root mapped, there is no other
         # user to drop to; the process is unprivileged on the host already.
         spec = dataclasses.replace(spec, uid=None, gid=None)
     spec.rootfs.mkdir(parents=True, exist_ok=True)
     spec_path.write_text(json.dumps(spec.to_json()))
+
+
+def launch_spec_file(spec_path: Path, stdout: int, stderr: int) -> subprocess.Popen:
+    """Start the sandboxed process described by ``spec_path``; its pid is that of ``unshare``."""
     init = Path(__file__).with_name("sandbox_init.py")
     return subprocess.Popen(
         _unshare_argv() + ["--", sys.executable, "-I", "-S", str(init), str(spec_path)],
@@ -122,3 +127,9 @@ def launch(spec: SandboxSpec, spec_path: Path, stdout: int, stderr: int) -> subp
         start_new_session=True,
         close_fds=True,
     )
+
+
+def launch(spec: SandboxSpec, spec_path: Path, stdout: int, stderr: int) -> subprocess.Popen:
+    """Start the sandboxed process; its pid is that of ``unshare``."""
+    write_spec(spec, spec_path)
+    return launch_spec_file(spec_path, stdout, stderr)

@@ -165,7 +165,7 @@ def main(argv: list[str]) -> int:
             os.setuid(uid)
         # Changing credentials cleared the parent-death signal `unshare
         # --kill-child` set; set it again so the container dies with its
-        # unshare (and so with the node agent).
+        # unshare (and so with its shim).
         _libc.prctl(1, 9)  # PR_SET_PDEATHSIG, SIGKILL
         if os.getppid() == 1:
             return 137

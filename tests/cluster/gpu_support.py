@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from gpulab import paths
+from gpulab.cluster import api
 from gpulab.fakegpu import operator
 from helpers import wait_for
 
@@ -67,10 +68,17 @@ def patch_policy(kube, spec: dict[str, Any]) -> None:
 
 
 def restore_policy(kube, spec: dict[str, Any]) -> None:
-    """Put the ClusterPolicy's spec back as it was and wait for the stack to settle."""
-    current = policy(kube)
-    current["spec"] = spec
-    kube.request("PUT", kube.path("ClusterPolicy", operator.POLICY_NAME), current)
+    """Put the ClusterPolicy's spec back as it was and wait for the stack to settle.
+
+    A whole-spec PUT (a merge patch would keep keys the test added): the
+    operator writes the policy's status meanwhile, so a 409 means GET and PUT again.
+    """
+    def put_spec() -> None:
+        current = policy(kube)
+        current["spec"] = spec
+        kube.replace(current)
+
+    api.retry_on_conflict(put_spec)
     wait_stack(kube)
 
 

@@ -100,11 +100,14 @@ def test_time_slicing_does_not_isolate_memory(kube, ns, kubectl, time_slicing):
     assert out.strip() == f"{30 * 1024 * len(survivors)} MiB, 81559 MiB"
 
 
+def add_config(kube, name: str, text: str) -> None:
+    """One more key in the device plugin's ConfigMap: a merge patch, which no concurrent write can make stale."""
+    kube.patch("ConfigMap", "time-slicing-config", {"data": {name: text}}, OPERATOR_NS)
+
+
 def test_a_broken_config_keeps_the_last_good_one(kube, kubectl, time_slicing):
-    cm = kube.get("ConfigMap", "time-slicing-config", OPERATOR_NS)
-    cm["data"]["broken"] = ("version: v1\nsharing:\n  timeSlicing:\n    resources:\n"
-                            "    - name: nvidia.com/gpu\n      replicas: 1\n")
-    kube.request("PUT", kube.path("ConfigMap", "time-slicing-config", OPERATOR_NS), cm)
+    add_config(kube, "broken", "version: v1\nsharing:\n  timeSlicing:\n    resources:\n"
+                               "    - name: nvidia.com/gpu\n      replicas: 1\n")
     kubectl("label", "node", GPU_NODE, f"{CONFIG_LABEL}=broken", "--overwrite")
     [event] = wait_for(lambda: node_events(kube, "DevicePluginConfigInvalid"), 30, what="an Event on the node")
     assert event["type"] == "Warning"
@@ -120,10 +123,8 @@ def test_a_broken_config_keeps_the_last_good_one(kube, kubectl, time_slicing):
 
 
 def test_a_shared_gpu_request_over_one_fails_admission(kube, ns, kubectl, time_slicing):
-    cm = kube.get("ConfigMap", "time-slicing-config", OPERATOR_NS)
-    cm["data"]["strict"] = ("version: v1\nsharing:\n  timeSlicing:\n    failRequestsGreaterThanOne: true\n"
-                            "    resources:\n    - name: nvidia.com/gpu\n      replicas: 4\n")
-    kube.request("PUT", kube.path("ConfigMap", "time-slicing-config", OPERATOR_NS), cm)
+    add_config(kube, "strict", "version: v1\nsharing:\n  timeSlicing:\n    failRequestsGreaterThanOne: true\n"
+                               "    resources:\n    - name: nvidia.com/gpu\n      replicas: 4\n")
     kubectl("label", "node", GPU_NODE, f"{CONFIG_LABEL}=strict", "--overwrite")
 
     def restarted_strict() -> bool:

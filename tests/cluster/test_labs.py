@@ -96,7 +96,11 @@ def test_feedback_never_reveals_hidden_checks(lab01):
 
 def test_grading_twice_gives_the_same_gradebook(cluster, lab01, lab01_subs):
     again = grade(cluster, lab01.gradebook.parent.parent, "01", lab01_subs, out_name="again")
-    assert again.gradebook.read_bytes() == lab01.gradebook.read_bytes()
+    # Same rows and scores; only the time each row was graded moves on.
+    def rows(path):
+        return [{k: v for k, v in row.items() if k != "graded-at"} for row in read_gradebook(path)]
+
+    assert rows(again.gradebook) == rows(lab01.gradebook)
     for learner in lab01_subs:
         assert again.feedback(learner) == lab01.feedback(learner)
 

@@ -90,6 +90,10 @@ def test_a_taken_port_is_given_up_with_a_message(cluster, kube, gpulab_home):
     port = cluster.state()["ports"]["kwok"]
     gpulab("down", env_home=gpulab_home)
     with socket.socket() as s:
+        # Connections kwok accepted linger in TIME_WAIT on its port for a minute after
+        # it exits; like kwok itself (Go sets SO_REUSEADDR on every listener), the
+        # test's listener must not be refused for them.
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         s.bind(("127.0.0.1", port))
         s.listen()
         proc = gpulab("up", env_home=gpulab_home)
@@ -124,7 +128,23 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def test_a_killed_node_agent_leaves_no_container_behind(cluster, kube, ns, gpulab_home):
+def _pod(kube, ns, name):
+    return kube.get("Pod", name, ns)
+
+
+def _running(kube, ns, name):
+    return (p := _pod(kube, ns, name)) and p["status"].get("phase") == "Running" and p
+
+
+def _container_facts(pod):
+    """What a restart of the kubelet must not change: identity, restarts, start times."""
+    st = pod["status"]
+    return (pod["metadata"]["uid"], st.get("startTime"),
+            [(c["name"], c.get("restartCount"), c.get("containerID"), c.get("state"))
+             for c in st.get("initContainerStatuses", []) + st.get("containerStatuses", [])])
+
+
+def test_a_killed_node_agent_keeps_pods_and_their_gpus(cluster, kube, ns, gpulab_home, kubectl):
     import subprocess as sp
 
     kube.create({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "sleeper", "namespace": ns},
@@ -134,22 +154,65 @@ def test_a_killed_node_agent_leaves_no_container_behind(cluster, kube, ns, gpula
     kube.create({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "prepared", "namespace": ns},
                  "spec": {"initContainers": [{"name": "prep", "image": "x", "command": ["true"]}],
                           "containers": [{"name": "c", "image": "x", "command": ["sleep", "4322"]}]}})
-    for name in ("sleeper", "prepared"):
-        wait_for(lambda n=name: (p := kube.get("Pod", n, ns)) and p["status"].get("phase") == "Running", 30,
-                 what=f"pod {name} Running")
+    # Ends while no agent watches: its real exit code must still be reported.
+    kube.create({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "finisher", "namespace": ns},
+                 "spec": {"restartPolicy": "Never",
+                          "containers": [{"name": "c", "image": "x",
+                                          "command": ["sh", "-c", "echo started; sleep 4; echo done; exit 7"]}]}})
+    # A simulated GPU container holding one of the node's two cards.
+    kube.create({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "gpu", "namespace": ns},
+                 "spec": {"nodeSelector": {"kubernetes.io/hostname": "gpu-node-1"},
+                          "containers": [{"name": "c", "image": "nvcr.io/nvidia/cuda:12.6.2-base-ubuntu24.04",
+                                          "resources": {"limits": {"nvidia.com/gpu": 1}}}]}})
+    names = ("sleeper", "prepared", "finisher", "gpu")
+    for name in names:
+        wait_for(lambda n=name: _running(kube, ns, n), 30, what=f"pod {name} Running")
     wait_for(lambda: sp.run(["pgrep", "-f", "sleep 4321"], capture_output=True).returncode == 0, 10,
              what="container process")
+    before = {n: _container_facts(_pod(kube, ns, n)) for n in ("sleeper", "prepared", "gpu")}
+    devices = _pod(kube, ns, "gpu")["metadata"]["annotations"]["gpulab.io/allocated-devices"]
+
     os.kill(cluster.running()["node-agent"], signal.SIGKILL)
-    wait_for(lambda: sp.run(["pgrep", "-f", "sleep 4321"], capture_output=True).returncode != 0, 10,
-             what="container process gone with the node agent")
+    wait_for(lambda: "node-agent" not in cluster.running(), 10, what="node agent gone")
+    # Containers live on under their shims, as under a real container runtime.
+    assert sp.run(["pgrep", "-f", "sleep 4321"], capture_output=True).returncode == 0
+    wait_for(lambda: sp.run(["pgrep", "-f", "sleep 4; echo done"], capture_output=True).returncode != 0, 15,
+             what="the finisher's process to end while the agent is down")
     assert gpulab("up", env_home=gpulab_home).returncode == 0
-    pod = wait_for(lambda: (p := kube.get("Pod", "sleeper", ns)) and p["status"].get("phase") == "Failed" and p,
-                   30, what="pod reported Failed")
+
+    pod = wait_for(lambda: (p := _pod(kube, ns, "finisher")) and p["status"].get("phase") == "Failed" and p,
+                   30, what="finisher reported Failed")
+    term = pod["status"]["containerStatuses"][0]["state"]["terminated"]
+    assert term["exitCode"] == 7, term
+    assert kubectl("-n", ns, "logs", "finisher").stdout.split() == ["started", "done"]
+    # Nothing else changed: same pods, same containers, no restarts, same GPU.
+    wait_for(lambda: resources(kube) == ("2", "2"), 60, what=f"allocatable back (now {resources(kube)})")
+    for name, facts in before.items():
+        assert _container_facts(_running(kube, ns, name)) == facts, name
+    assert _pod(kube, ns, "gpu")["metadata"]["annotations"]["gpulab.io/allocated-devices"] == devices
+    # The other card is still free for a new pod; the adopted one keeps its own.
+    kube.create({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "gpu2", "namespace": ns},
+                 "spec": {"nodeSelector": {"kubernetes.io/hostname": "gpu-node-1"},
+                          "containers": [{"name": "c", "image": "nvcr.io/nvidia/cuda:12.6.2-base-ubuntu24.04",
+                                          "resources": {"limits": {"nvidia.com/gpu": 1}}}]}})
+    pod2 = wait_for(lambda: _running(kube, ns, "gpu2"), 30, what="a new GPU pod Running")
+    assert pod2["metadata"]["annotations"]["gpulab.io/allocated-devices"] != devices
+
+    # A node that goes down stops its containers; coming back, a kubelet starts them again.
+    assert gpulab("down", env_home=gpulab_home).returncode == 0
+    assert sp.run(["pgrep", "-f", "sleep 432[12]"], capture_output=True).returncode != 0, "containers left running"
+    assert gpulab("up", env_home=gpulab_home).returncode == 0
+    pod = wait_for(lambda: (p := _pod(kube, ns, "sleeper")) and p["status"].get("phase") == "Failed" and p,
+                   30, what="sleeper reported Failed")
     term = pod["status"]["containerStatuses"][0]["state"]["terminated"]
     assert term["exitCode"] == 137 and "node agent restarted" in term["message"]
-    # restartPolicy Always starts the lost container again; initialisation is not undone.
-    pod = wait_for(lambda: (p := kube.get("Pod", "prepared", ns)) and p["status"]["containerStatuses"][0]
+    pod = wait_for(lambda: (p := _pod(kube, ns, "prepared")) and p["status"]["containerStatuses"][0]
                    .get("restartCount", 0) >= 1 and p, 30, what="the prepared pod's container restarted")
     [init] = pod["status"]["initContainerStatuses"]
     assert init["state"]["terminated"]["exitCode"] == 0 and init["state"]["terminated"]["reason"] == "Completed", init
     assert pod_status(pod) in ("Running", "CrashLoopBackOff"), pod["status"]
+
+
+def resources(kube, resource: str = "nvidia.com/gpu"):
+    st = kube.get("Node", "gpu-node-1").get("status") or {}
+    return (st.get("capacity") or {}).get(resource), (st.get("allocatable") or {}).get(resource)

@@ -63,3 +63,69 @@ def test_wrapper_modules_pin_every_kubernetes_staging_module():
     assert all(ln.endswith(versions.KUBERNETES_STAGING) for ln in replaces)
     assert f"k8s.io/kubernetes {versions.KUBERNETES}" in gomod
     assert os.path.isfile(binaries.GOBUILD / "kubernetes" / "go.sum")
+
+
+_OTHER_BUILD = r"""
+import sys, time
+from pathlib import Path
+from gpulab._fsutil import hold_lock
+
+lock, release = Path(sys.argv[1]), Path(sys.argv[2])
+with hold_lock(lock, what="the build lock", purpose="building kubernetes v1.37.2"):
+    print("held", flush=True)
+    while not release.exists():
+        time.sleep(0.01)
+"""
+
+
+def test_a_second_build_says_whom_it_waits_for_and_reuses_its_work(tmp_path, monkeypatch):
+    import subprocess
+    import sys
+
+    monkeypatch.setenv("GPULAB_CACHE", str(tmp_path / "cache"))
+    lock, release = binaries.build_lock_path(), tmp_path / "release"
+    lock.parent.mkdir(parents=True)
+    other = subprocess.Popen([sys.executable, "-c", _OTHER_BUILD, str(lock), str(release)],
+                             stdout=subprocess.PIPE, text=True)
+    built: list[str] = []
+    heard: list[str] = []
+
+    def say(msg: str) -> None:
+        heard.append(msg)
+        release.touch()  # the other build finishes...
+        built.append("kubernetes")  # ...having built kubernetes
+
+    monkeypatch.setattr(binaries, "_is_built", lambda b: b.name in built)
+    monkeypatch.setattr(binaries, "_build", lambda b, go, progress: pytest.fail(f"built {b.name} again"))
+    try:
+        assert other.stdout.readline() == "held\n"
+        binaries._build_locked([b for b in binaries.BUILDS if b.name == "kubernetes"], "go", say, interval=0.05)
+    finally:
+        release.touch()
+        other.wait(timeout=30)
+        other.stdout.close()
+    assert heard[0].startswith(f"waiting for the build lock {lock} held by pid {other.pid} (python -c "), heard
+    assert heard[0].split(", ")[0].endswith(": building kubernetes v1.37.2)"), heard
+    assert heard[-1].startswith("got the build lock after "), heard
+
+
+def test_the_build_lock_names_what_its_holder_compiles(tmp_path, monkeypatch):
+    import json
+
+    monkeypatch.setenv("GPULAB_CACHE", str(tmp_path / "cache"))
+    seen: list[str] = []
+
+    def fake_build(b, go, progress):
+        progress("kubernetes: compiling kube-apiserver (88/2454 packages, 7 s)")
+        seen.append(json.loads(binaries.build_lock_path().read_text())["purpose"])
+
+    monkeypatch.setattr(binaries, "_is_built", lambda b: False)
+    monkeypatch.setattr(binaries, "_build", fake_build)
+    heard: list[str] = []
+    binaries._build_locked([b for b in binaries.BUILDS if b.name == "kubernetes"], "go", heard.append)
+    from gpulab import versions
+
+    assert seen == [f"building kubernetes {versions.KUBERNETES}, "
+                    "kubernetes: compiling kube-apiserver (88/2454 packages, 7 s)"]
+    assert heard[-1] == "kubernetes: compiling kube-apiserver (88/2454 packages, 7 s)"
+    assert binaries.build_lock_path().read_text() == ""  # released

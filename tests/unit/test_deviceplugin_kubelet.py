@@ -90,14 +90,48 @@ def test_kubelet_restart_makes_plugin_reregister_and_keeps_assignments(
 
     recorder = CountsRecorder()
     second = make_manager(on_change=recorder)
-    # Known from the checkpoint, nothing registered yet: 0 like a restarted kubelet,
-    # then the plugin notices its socket was deleted and registers again.
-    assert recorder.calls[0] == {GPU: (0, 0)}
+    # Known from the checkpoint, nothing registered yet: a restarted kubelet counts the
+    # devices as unhealthy (capacity 2, allocatable 0), and pods wait for the plugin,
+    # which notices its socket was deleted and registers again.
+    assert recorder.calls[0] == {GPU: (2, 0)}
     eventually(lambda: second.resource_counts() == {GPU: (2, 2)})
+    assert not second.awaiting_plugin(GPU)
     assert second.pod_devices() == {"pod-a": {"main": {GPU: list(held.device_ids)}}}
     assert second.allocate("pod-a", "main", GPU, 1) == held  # idempotent, from the checkpoint
     other = second.allocate("pod-b", "main", GPU, 1)
     assert set(other.device_ids).isdisjoint(held.device_ids)
+
+
+def test_restored_resource_waits_for_its_plugin_then_expires(make_manager, make_plugin) -> None:
+    first = make_manager()
+    plugin = make_plugin(inventory(gpus(2)))
+    eventually(lambda: first.resource_counts() == {GPU: (2, 2)})
+    first.allocate("pod-a", "main", GPU, 1)
+    plugin.stop()
+    first.stop()
+
+    recorder = CountsRecorder()
+    second = make_manager(on_change=recorder, stop_grace_period=0.3)
+    assert second.awaiting_plugin(GPU)
+    assert "pod-a" in second.pod_devices()
+    # The plugin never comes back: after the grace period the resource is gone, as a kubelet drops it.
+    eventually(lambda: recorder.last == {GPU: (0, 0)})
+    assert not second.awaiting_plugin(GPU)
+
+
+def test_retain_forgets_pods_deleted_while_the_kubelet_was_down(make_manager, make_plugin) -> None:
+    first = make_manager()
+    make_plugin(inventory(gpus(2)))
+    eventually(lambda: first.resource_counts() == {GPU: (2, 2)})
+    kept = first.allocate("pod-a", "main", GPU, 1)
+    first.allocate("pod-b", "main", GPU, 1)
+    first.stop()
+
+    second = make_manager()
+    second.retain({"pod-a"})
+    assert second.pod_devices() == {"pod-a": {"main": {GPU: list(kept.device_ids)}}}
+    eventually(lambda: second.resource_counts() == {GPU: (2, 2)})
+    assert second.allocate("pod-c", "main", GPU, 1).device_ids != kept.device_ids
 
 
 def test_allocate_uses_free_devices_and_release_frees_them(make_manager, make_plugin, plugin_config) -> None:

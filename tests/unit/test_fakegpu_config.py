@@ -448,3 +448,124 @@ def test_config_dataclasses_are_frozen():
     cfg = chapter_config()
     with pytest.raises(AttributeError):
         cfg.version = "v2"  # type: ignore[misc]
+
+
+# -- every mistake at once ---------------------------------------------------------------
+
+MANY_MISTAKES = """\
+version: v2
+flags:
+  migStrategy: sometimes
+  plugin: {deviceIDStrategy: name}
+sharing:
+  timeSlicing:
+    renameByDefault: "true"
+    resources:
+    - name: nvidia.com/gpu
+      replicas: 1
+    - name: nvidia.com/tpu
+      replicas: 4
+    - {name: nvidia.com/mig-1g.10gb, devices: [GPU-1, 0, x]}
+imex: {channelIDs: [3]}
+"""
+
+MANY_MISTAKES_ERRORS = [
+    ("data.any.version", "unknown version", "allowed: 'v1'"),
+    ("data.any.flags.migStrategy", "unknown value (got 'sometimes')", "allowed: none, single, mixed"),
+    ("data.any.flags.plugin.deviceIDStrategy", "unknown value (got 'name')", "allowed: uuid, index"),
+    ("data.any.sharing.timeSlicing.renameByDefault", "must be a boolean (got 'true')", "allowed: true or false"),
+    ("data.any.sharing.timeSlicing.resources[0].replicas", "number of replicas must be >= 2", "an integer >= 2"),
+    ("data.any.sharing.timeSlicing.resources[1].name", "cannot replicate it (got 'nvidia.com/tpu')",
+     "allowed: nvidia.com/gpu"),
+    ("data.any.sharing.timeSlicing.resources[2].replicas", "no replicas specified", "allowed: an integer >= 2"),
+    ("data.any.sharing.timeSlicing.resources[2].devices[0]", "unsupported device reference (got 'GPU-1')",
+     "allowed: a GPU index"),
+    ("data.any.sharing.timeSlicing.resources[2].devices[2]", "unsupported device reference (got 'x')",
+     "allowed: a GPU index"),
+    ("data.any.imex.channelIDs", "invalid IMEX channel IDs", "allowed: [] or [0]"),
+]
+
+
+def test_every_mistake_of_a_config_is_reported_with_path_and_allowed():
+    with pytest.raises(c.ConfigError) as exc:
+        c.parse_config(MANY_MISTAKES, path="data.any")
+    e = exc.value
+    assert [err.path for err in e.errors] == [path for path, _, _ in MANY_MISTAKES_ERRORS]
+    lines = str(e).splitlines()
+    assert len(lines) == len(MANY_MISTAKES_ERRORS)
+    for line, (path, problem, allowed) in zip(lines, MANY_MISTAKES_ERRORS):
+        assert line.startswith(path + ": ") and problem in line and allowed in line, line
+    # The structured fields are the first error's; each error keeps its own.
+    assert (e.path, e.value, e.allowed) == ("data.any.version", "v2", "'v1'")
+    assert all(isinstance(err, c.ConfigError) and err.errors == [err] for err in e.errors)
+    assert e.errors[4].value == 1 and e.errors[4].allowed == "an integer >= 2"
+
+
+def test_a_single_mistake_is_one_error_as_before():
+    with pytest.raises(c.ConfigError) as exc:
+        c.parse_config(ts(replicas=1))
+    assert exc.value.errors == [exc.value] and "\n" not in str(exc.value)
+
+
+def test_every_duplicate_key_and_every_configmap_key_is_reported():
+    text = "version: v1\nversion: v1\nflags:\n  migStrategy: none\n  migStrategy: mixed\n"
+    with pytest.raises(c.ConfigError) as exc:
+        c.parse_config(text)
+    assert [e.path for e in exc.value.errors] == ["config (line 2, column 1)", "config (line 5, column 3)"]
+    with pytest.raises(c.ConfigError) as exc:
+        c.parse_config_map({"a": ts(replicas=1), "b": 7, "c": "version: v9", "ok": ts()})
+    assert [e.path for e in exc.value.errors] == [
+        "data.a.sharing.timeSlicing.resources[0].replicas", "data.b", "data.c.version"]
+
+
+def test_strict_mode_reports_every_ignored_key():
+    text = "flgs: {}\nsharing:\n  timeSlicing:\n    resources: [{name: gpu, replicas: 2, replica: 4}]\n"
+    with pytest.raises(c.ConfigError) as exc:
+        c.parse_config(text, strict=True)
+    assert [e.path for e in exc.value.errors] == ["config.flgs", "config.sharing.timeSlicing.resources[0].replica"]
+    assert "allowed: version, flags, resources, sharing, imex" in str(exc.value)
+    assert "allowed: name, rename, devices, replicas" in str(exc.value)
+
+
+def test_a_yaml_syntax_error_is_reported_alone_with_line_and_column():
+    with pytest.raises(c.ConfigError) as exc:
+        c.parse_config("version: v2\nsharing: [\n")
+    assert len(exc.value.errors) == 1
+    assert re.match(r"config: not valid YAML at line \d+, column \d+", str(exc.value))
+
+
+def test_summary_shortens_many_errors():
+    errors = [c.ConfigError(f"config.x[{i}]", "bad") for i in range(25)]
+    e = c.ConfigError.collect(errors)
+    assert len(str(e).splitlines()) == 25
+    short = e.summary(limit=10)
+    assert short.startswith("25 errors:\nconfig.x[0]: bad") and short.endswith("... and 15 more")
+    assert len(short.splitlines()) == 12
+    assert errors[0].summary() == "config.x[0]: bad"
+
+
+def test_config_manager_event_lists_every_error(tmp_path):
+    from types import SimpleNamespace
+
+    from gpulab.fakegpu import operands
+
+    events: list[tuple[str, str]] = []
+    logged: list[str] = []
+    cm = operands.ConfigManagerMain.__new__(operands.ConfigManagerMain)
+    cm.stack = SimpleNamespace(
+        client=SimpleNamespace(get=lambda kind, name, ns: {"data": {"broken": MANY_MISTAKES}}),
+        node_event=lambda node, reason, message, *args, **kw: events.append((reason, message)),
+    )
+    cm.ctx = SimpleNamespace(node="gpu-node-1")
+    cm.out = SimpleNamespace(info=logged.append, warning=logged.append, error=logged.append)
+    cm.default, cm.fallbacks, cm.oneshot = None, ("named", "single"), False
+    cm.configmap, cm.namespace, cm.dst = "time-slicing-config", "gpu-operator", tmp_path / "config.yaml"
+    assert cm._apply("broken", ("any", ts())) == ("any", ts())
+    [(reason, message)] = events
+    assert reason == "DevicePluginConfigInvalid"
+    assert message.startswith("config 'broken' of ConfigMap gpu-operator/time-slicing-config is invalid: "
+                              f"{len(MANY_MISTAKES_ERRORS)} errors:\n")
+    for path, problem, _ in MANY_MISTAKES_ERRORS:
+        assert path.replace("data.any", "time-slicing-config/broken") + ": " in message, path
+    assert message.endswith("; keeping the last good config 'any'")
+    assert not (tmp_path / "config.yaml").exists()

@@ -1,10 +1,15 @@
-"""Atomic writes keep or set the file mode; file_identity notices a rewrite."""
+"""Atomic writes keep or set the file mode; file_identity notices a rewrite; a lock waiter speaks."""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+import re
+import subprocess
+import sys
 
-from gpulab._fsutil import atomic_write_text, file_identity
+from gpulab._fsutil import atomic_write_text, file_identity, hold_lock, lock_holder, locked
 
 
 def test_atomic_write_sets_the_mode_asked_for(tmp_path):
@@ -31,3 +36,83 @@ def test_file_identity_changes_with_content_and_is_none_when_missing(tmp_path):
     first = file_identity(target)
     atomic_write_text(target, '{"mig": "all-1g.10gb"}')
     assert first is not None and file_identity(target) != first
+
+
+
+# -- inter-process locks that say what they wait for -------------------------------------------
+
+_HOLDER = r"""
+import sys, time
+from pathlib import Path
+from gpulab._fsutil import hold_lock
+
+lock, release = Path(sys.argv[1]), Path(sys.argv[2])
+with hold_lock(lock, what="the test lock", purpose="building kube-apiserver v1.37.2"):
+    print("held", flush=True)
+    while not release.exists():  # the waiter lets us go once it has said something
+        time.sleep(0.01)
+"""
+
+
+@contextlib.contextmanager
+def _holder(lock, release):
+    """Another process holding ``lock`` until ``release`` exists."""
+    proc = subprocess.Popen([sys.executable, "-c", _HOLDER, str(lock), str(release)],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline() == "held\n"
+        yield proc
+        assert proc.wait(timeout=30) == 0
+    finally:
+        release.touch()
+        proc.kill()
+        proc.wait()
+        proc.stdout.close()
+
+
+def test_a_waiter_says_what_it_waits_for_and_who_holds_it(tmp_path):
+    lock, release = tmp_path / "build.lock", tmp_path / "release"
+    heard: list[str] = []
+
+    def say(msg: str) -> None:
+        heard.append(msg)
+        release.touch()
+
+    with _holder(lock, release) as holder:
+        who = lock_holder(lock)
+        assert who.startswith(f"pid {holder.pid} (python -c ") and who.endswith(": building kube-apiserver v1.37.2)")
+        with hold_lock(lock, what="the test lock", purpose="second", say=say, interval=0.05) as held:
+            waited = list(heard)
+            assert json.loads(lock.read_text())["pid"] == os.getpid()
+            assert json.loads(lock.read_text())["purpose"] == "second"
+            held.note("second, a later step")
+            assert json.loads(lock.read_text())["purpose"] == "second, a later step"
+    assert len(waited) >= 2, waited
+    assert waited[0].startswith(f"waiting for the test lock {lock} held by pid {holder.pid} (python -c "), waited
+    assert re.search(r": building kube-apiserver v1\.37\.2\), \d+ s so far$", waited[0]), waited
+    assert waited[-1].startswith("got the test lock after "), waited
+    assert lock.read_text() == ""  # released: no holder is named any more
+
+
+def test_locked_says_what_it_waits_for(tmp_path):
+    target = tmp_path / "progress.json"
+    release = tmp_path / "release"
+    heard: list[str] = []
+
+    def say(msg: str) -> None:
+        heard.append(msg)
+        release.touch()
+
+    with _holder(tmp_path / "progress.json.lock", release):
+        with locked(target, say=say, interval=0.05):
+            waited = list(heard)
+    assert waited and waited[0].startswith(f"waiting for the lock on {target} {target}.lock held by pid "), waited
+
+
+def test_an_uncontended_lock_says_nothing(tmp_path):
+    heard: list[str] = []
+    with locked(tmp_path / "results.json", say=heard.append, interval=0.0):
+        pass
+    with hold_lock(tmp_path / "build.lock", what="the build lock", purpose="p", say=heard.append, interval=0.0):
+        pass
+    assert heard == []

@@ -1,18 +1,32 @@
-"""Does batch grading isolate failures, write an atomic CSV and zh-CN feedback, and repeat exactly?"""
+"""Does batch grading isolate failures, merge into an atomic CSV that never loses a row, write zh-CN
+feedback, and repeat exactly?"""
 
 from __future__ import annotations
 
+import csv
 import json
+import os
+import signal
+import subprocess
+import sys
 import textwrap
+from datetime import datetime, timezone
 from pathlib import Path
 
 import nbformat
 import pytest
+from click.testing import CliRunner
 from grading_support import notebook, write
 
 import gpulab._fsutil as fsutil
+from gpulab import cli
+from gpulab.grading import gradebook as gb
+from gpulab.grading import grader
 from gpulab.grading.checks import HIDDEN_FAILED, load_lab_checks
 from gpulab.grading.gradebook import (
+    SUMMARY_COLUMNS,
+    GradebookError,
+    GradeRow,
     RecordedCollector,
     default_namespace,
     discover_submissions,
@@ -23,6 +37,9 @@ from gpulab.grading.gradebook import (
     write_gradebook,
 )
 from gpulab.grading.runner import ErrorKind, Execution, Runner
+
+T1 = datetime(2025, 3, 1, 8, 30, tzinfo=timezone.utc)
+T2 = datetime(2025, 3, 2, 9, 45, 30, tzinfo=timezone.utc)
 
 NODES = [{"kind": "Node", "metadata": {"name": "gpu-node-1"}, "status": {"allocatable": {"nvidia.com/gpu": "2"}}}]
 
@@ -133,9 +150,14 @@ def test_batch_isolates_every_failure(submissions, tmp_path):
     rows = {r["learner"]: r for r in read_gradebook(result.gradebook)}
     assert list(rows) == ["alice", "bob", "carol", "dave", "erin"]
     header = gradebook_header(result.suite)
-    assert header[0] == "learner" and header[-4:] == ["total", "max", "status", "reason"]
+    assert header[0] == "learner" and header[-7:] == ["total", "max", "percent", "status", "reason", "graded-at",
+                                                      "lab"] == list(SUMMARY_COLUMNS)
+    assert list(rows["alice"]) == header
     assert "job-gpu-limit (2)" in header and "hidden:h-secret (2)" in header
     assert rows["alice"]["status"] == "ok" and rows["alice"]["total"] == "10" and rows["alice"]["max"] == "12"
+    assert rows["alice"]["percent"] == "83.33" and rows["alice"]["lab"] == "example"
+    assert datetime.strptime(rows["alice"]["graded-at"], "%Y-%m-%dT%H:%M:%SZ")  # ISO 8601, UTC
+    assert rows["dave"]["percent"] == "" and rows["bob"]["percent"] == "0"
     assert rows["alice"]["hidden:h-secret (2)"] == "0" and rows["alice"]["job-gpu-limit (2)"] == "2"
     assert rows["bob"]["status"] == "timeout" and rows["bob"]["total"] == "0"
     assert "wall-clock" in rows["bob"]["reason"]
@@ -174,7 +196,7 @@ def test_feedback_is_chinese_and_never_reveals_hidden_checks(submissions, tmp_pa
 def test_grading_twice_gives_identical_files(submissions, tmp_path):
     for out in ("first", "second"):
         grade_batch(submissions, "example", None, FakeRunner(), tmp_path / out, hidden=_hidden(tmp_path),
-                    collector=_collector())
+                    collector=_collector(), clock=lambda: T1)
     first, second = tmp_path / "first", tmp_path / "second"
     assert (first / "gradebook.csv").read_bytes() == (second / "gradebook.csv").read_bytes()
     for md in (first / "feedback").iterdir():
@@ -205,6 +227,275 @@ def test_a_failed_gradebook_write_keeps_the_old_file(tmp_path, monkeypatch):
             write_gradebook(path, suite, [])
     assert path.read_bytes() == before and not list(tmp_path.glob("*.tmp"))
     assert before.startswith("\ufefflearner,".encode("utf-8"))  # BOM so spreadsheets read UTF-8
+
+
+# --------------------------------------------------------------------------- a gradebook that never loses a row
+
+
+def _table(path: Path) -> tuple[list[str], list[list[str]]]:
+    with open(path, encoding="utf-8-sig", newline="") as handle:
+        header, *rows = list(csv.reader(handle))
+    return header, rows
+
+
+def _without_graded_at(path: Path) -> list[dict[str, str]]:
+    return [{k: v for k, v in row.items() if k != "graded-at"} for row in read_gradebook(path)]
+
+
+def test_grading_one_learner_into_a_class_gradebook_keeps_every_other_row(submissions, tmp_path):
+    out = tmp_path / "out"
+    grade_batch(submissions, "example", None, FakeRunner(), out, collector=_collector(), clock=lambda: T1)
+    before = {r["learner"]: r for r in read_gradebook(out / "gradebook.csv")}
+    alone = tmp_path / "late"
+    _fake_submission(alone / "alice.ipynb", values={"train_log": "oops"})  # alice resubmits, worse
+    result = grade_batch(alone, "example", None, FakeRunner(), out, collector=_collector(), clock=lambda: T2)
+    rows = read_gradebook(out / "gradebook.csv")
+    assert [r["learner"] for r in rows] == ["alice", "bob", "carol", "dave", "erin"]  # same order
+    after = {r["learner"]: r for r in rows}
+    for learner in ("bob", "carol", "dave", "erin"):
+        assert after[learner] == before[learner]  # untouched, timestamps included
+        assert (out / "feedback" / f"{learner}.md").exists()
+    assert after["alice"]["total"] != before["alice"]["total"] and after["alice"]["graded-at"] == "2025-03-02T09:45:30Z"
+    assert [r.learner for r in result.rows] == ["alice"] and result.gradebook_rows == 5
+    assert "(5 row(s))" in result.summary_text()
+    details = json.loads((out / "details.json").read_text(encoding="utf-8"))
+    assert sorted(details["learners"]) == ["alice", "bob", "carol", "dave", "erin"]
+    assert details["learners"]["alice"]["graded_at"] == "2025-03-02T09:45:30Z"
+    assert details["learners"]["bob"]["graded_at"] == "2025-03-01T08:30:00Z"
+
+
+def test_new_learners_are_appended_after_the_existing_rows(submissions, tmp_path):
+    out = tmp_path / "out"
+    grade_batch(submissions, "example", None, FakeRunner(), out, collector=_collector())
+    late = tmp_path / "late"
+    _fake_submission(late / "zoe.ipynb", values=GOOD_VALUES)
+    _fake_submission(late / "aaron.ipynb", values=GOOD_VALUES)
+    grade_batch(late, "example", None, FakeRunner(), out, collector=_collector())
+    assert [r["learner"] for r in read_gradebook(out / "gradebook.csv")] == [
+        "alice", "bob", "carol", "dave", "erin", "aaron", "zoe"]
+
+
+def test_regrading_the_same_batch_is_idempotent_but_graded_at_moves(submissions, tmp_path):
+    out, fresh = tmp_path / "out", tmp_path / "fresh"
+    grade_batch(submissions, "example", None, FakeRunner(), out, collector=_collector(), clock=lambda: T1)
+    first = read_gradebook(out / "gradebook.csv")
+    grade_batch(submissions, "example", None, FakeRunner(), out, collector=_collector(), clock=lambda: T2)
+    second = read_gradebook(out / "gradebook.csv")
+    assert _without_graded_at(out / "gradebook.csv") == [{k: v for k, v in r.items() if k != "graded-at"}
+                                                         for r in first]
+    assert {r["graded-at"] for r in first} == {"2025-03-01T08:30:00Z"}
+    assert {r["graded-at"] for r in second} == {"2025-03-02T09:45:30Z"}  # the time it was (re)graded
+    # ... and the file is byte for byte what grading once at that time gives
+    grade_batch(submissions, "example", None, FakeRunner(), fresh, collector=_collector(), clock=lambda: T2)
+    assert (out / "gradebook.csv").read_bytes() == (fresh / "gradebook.csv").read_bytes()
+    assert (out / "details.json").read_bytes() == (fresh / "details.json").read_bytes()
+
+
+def test_an_older_gradebook_is_merged_by_column_name(submissions, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    # the format before percent/graded-at/lab, a check that is gone and an instructor's own column
+    (out / "gradebook.csv").write_text(
+        "learner,retired-check (3),job-gpu-limit (2),total,max,status,reason,notes\n"
+        "alice,3,2,5,13,ok,,late by a day\n"
+        "mallory,1,0,1,13,ok,,\n", encoding="utf-8-sig")
+    (out / "details.json").write_text(json.dumps({"lab": "example", "learners": {"mallory": {"total": 1}}}),
+                                      encoding="utf-8")
+    grade_batch(submissions, "example", None, FakeRunner(), out, collector=_collector(), learners=["alice"],
+                clock=lambda: T1)
+    header, _ = _table(out / "gradebook.csv")
+    suite = load_lab_checks("example")
+    ours = gradebook_header(suite)
+    assert header == [*ours[:-7], "retired-check (3)", *SUMMARY_COLUMNS, "notes"]
+    rows = {r["learner"]: r for r in read_gradebook(out / "gradebook.csv")}
+    assert list(rows) == ["alice", "mallory"]
+    assert rows["mallory"]["retired-check (3)"] == "1" and rows["mallory"]["total"] == "1"
+    assert rows["mallory"]["graded-at"] == "" and rows["mallory"]["max"] == "13"  # kept as it was
+    assert rows["alice"]["retired-check (3)"] == "" and rows["alice"]["total"] == "10"
+    assert rows["alice"]["notes"] == "late by a day"  # the instructor's note survives the regrade
+    assert rows["alice"]["graded-at"] == "2025-03-01T08:30:00Z" and rows["alice"]["lab"] == "example"
+    assert sorted(json.loads((out / "details.json").read_text(encoding="utf-8"))["learners"]) == ["alice", "mallory"]
+
+
+def test_a_gradebook_of_another_lab_is_refused_and_kept(submissions, tmp_path):
+    out = tmp_path / "out"
+    grade_batch(submissions, "example", None, FakeRunner(), out, collector=_collector())
+    files = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    runner = FakeRunner()
+    with pytest.raises(GradebookError) as err:
+        grade_batch(submissions, "01-gpu-pod-spec", None, runner, out, collector=_collector())
+    message = str(err.value)
+    assert "lab example, not of lab 01-gpu-pod-spec" in message and str(out / "gradebook.csv") in message
+    assert "--out" in message and "nothing was changed" in message
+    assert runner.calls == []  # refused before running anything
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == files
+    with pytest.raises(GradebookError):  # the low-level writer refuses too
+        write_gradebook(out / "gradebook.csv", load_lab_checks("01"), [GradeRow("alice", "ok")],
+                        lab="01-gpu-pod-spec")
+    assert (out / "gradebook.csv").read_bytes() == files[out / "gradebook.csv"]
+
+
+def test_an_older_gradebook_without_a_lab_column_is_recognised_by_its_details(submissions, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "gradebook.csv").write_text("learner,total,max,status,reason\nmallory,1,13,ok,\n", encoding="utf-8-sig")
+    (out / "details.json").write_text(json.dumps({"lab": "example", "learners": {}}), encoding="utf-8")
+    before = (out / "gradebook.csv").read_bytes()
+    with pytest.raises(GradebookError, match="lab example, not of lab 01-gpu-pod-spec"):
+        grade_batch(submissions, "01-gpu-pod-spec", None, FakeRunner(), out)
+    assert (out / "gradebook.csv").read_bytes() == before
+    # the right lab merges into it; "03", "lab_03" and "03-taints-tolerations" are one lab
+    grade_batch(submissions, "example", None, FakeRunner(), out, learners=["erin"])
+    assert gb._same_lab("03", "03-taints-tolerations") and gb._same_lab("lab_03", "03")
+    assert not gb._same_lab("03", "04-sharing") and not gb._same_lab("example", "01-gpu-pod-spec")
+    assert [r["learner"] for r in read_gradebook(out / "gradebook.csv")] == ["mallory", "erin"]
+
+
+def test_an_unreadable_gradebook_is_refused_not_overwritten(tmp_path):
+    path = tmp_path / "gradebook.csv"
+    path.write_bytes("learner,total\n张三,1\n".encode("gbk"))  # re-saved by a spreadsheet app
+    with pytest.raises(GradebookError, match="CSV UTF-8"):
+        write_gradebook(path, load_lab_checks("example"), [GradeRow("alice", "ok")])
+    path.write_text("name,total\nalice,1\n", encoding="utf-8")
+    with pytest.raises(GradebookError, match="no 'learner' column"):
+        write_gradebook(path, load_lab_checks("example"), [GradeRow("alice", "ok")])
+    assert path.read_text(encoding="utf-8") == "name,total\nalice,1\n"
+
+
+def test_learner_selects_one_submission(submissions, tmp_path):
+    out = tmp_path / "out"
+    grade_batch(submissions, "example", None, FakeRunner(), out, collector=_collector(), clock=lambda: T1)
+    before = {r["learner"]: r for r in read_gradebook(out / "gradebook.csv")}
+    runner = FakeRunner()
+    result = grade_batch(submissions, "example", None, runner, out, collector=_collector(), learners=["bob"],
+                         clock=lambda: T2)
+    assert [name for name, _, _ in runner.calls] == ["bob"] and [r.learner for r in result.rows] == ["bob"]
+    after = {r["learner"]: r for r in read_gradebook(out / "gradebook.csv")}
+    assert after["bob"]["graded-at"] == "2025-03-02T09:45:30Z"
+    assert {k: v for k, v in after.items() if k != "bob"} == {k: v for k, v in before.items() if k != "bob"}
+
+
+def test_an_unknown_learner_lists_the_learners_found(submissions, tmp_path):
+    runner = FakeRunner()
+    with pytest.raises(GradebookError) as err:
+        grade_batch(submissions, "example", None, runner, tmp_path / "out", learners=["alcie"])
+    assert str(err.value) == (f"{submissions}: no submission from learner 'alcie'; learners found: "
+                              "alice, bob, carol, dave, erin (a learner is <name>.ipynb or a <name>/ folder)")
+    assert runner.calls == [] and not (tmp_path / "out").exists()
+
+
+def test_grade_submissions_refuses_before_touching_the_cluster(submissions, tmp_path, monkeypatch):
+    monkeypatch.setattr(grader, "setup", lambda *a, **k: pytest.fail("set up the cluster for a doomed batch"))
+    with pytest.raises(grader.GradingError, match="learners found: alice, bob"):
+        grader.grade_submissions(submissions, "01", tmp_path / "out", learners=["nobody"])
+    out = tmp_path / "other-lab"
+    write_gradebook(out / "gradebook.csv", load_lab_checks("example"), [GradeRow("alice", "ok")])
+    with pytest.raises(grader.GradingError, match="not of lab 01-gpu-pod-spec"):
+        grader.grade_submissions(submissions, "01", out)
+
+
+def test_cli_learner_option(submissions, tmp_path, monkeypatch):
+    seen = {}
+
+    def fake(submissions_dir, lab, out, **options):
+        seen.update(options, lab=lab, out=out)
+        if options["learners"] == ["zed"]:
+            raise grader.GradingError("no submission from learner 'zed'; learners found: alice, bob")
+        return gb.BatchResult(lab, [], out / "gradebook.csv", out, load_lab_checks("example"), 5)
+
+    monkeypatch.setattr(grader, "grade_submissions", fake)
+    result = CliRunner().invoke(cli.main, ["grade", str(submissions), "--lab", "03", "--out", str(tmp_path / "o"),
+                                           "--learner", "alice", "--learner", "bob"])
+    assert result.exit_code == 0, result.output
+    assert seen["learners"] == ("alice", "bob") and "(5 row(s))" in result.output
+    CliRunner().invoke(cli.main, ["grade", str(submissions), "--lab", "03"])
+    assert seen["learners"] is None and seen["out"] == Path("grades") / "03"
+    monkeypatch.setattr(grader, "grade_submissions", lambda *a, **k: fake(*a, **{**k, "learners": ["zed"]}))
+    result = CliRunner().invoke(cli.main, ["grade", str(submissions), "--lab", "03", "--learner", "zed"])
+    assert result.exit_code != 0 and "learners found: alice, bob" in result.output
+
+
+@pytest.mark.skipif(os.name != "posix", reason="flock")
+def test_the_lock_is_held_from_reading_to_replacing(tmp_path, monkeypatch):
+    import fcntl
+
+    path = tmp_path / "gradebook.csv"
+    held = []
+
+    def lock_is_held() -> bool:
+        with open(f"{path}.lock", "a+b") as other:  # a second open file description: flock excludes it
+            try:
+                fcntl.flock(other.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return True
+            fcntl.flock(other.fileno(), fcntl.LOCK_UN)
+            return False
+
+    real_read, real_write = gb._read_table, gb.atomic_write_bytes
+    monkeypatch.setattr(gb, "_read_table", lambda p: (held.append(("read", lock_is_held())), real_read(p))[1])
+    monkeypatch.setattr(gb, "atomic_write_bytes",
+                        lambda p, data: (held.append(("write", lock_is_held())), real_write(p, data))[1])
+    write_gradebook(path, load_lab_checks("example"), [GradeRow("alice", "ok")])
+    assert held == [("read", True), ("write", True)] and not lock_is_held()
+
+
+_KILLED_WRITER = textwrap.dedent('''
+    import os, signal, sys
+    from gpulab.grading.checks import load_lab_checks
+    from gpulab.grading.gradebook import GradeRow, write_gradebook
+
+    real_fdopen = os.fdopen
+
+    class Stalls:
+        """The temporary file's handle: writes half of the gradebook, says so, waits to be killed."""
+
+        def __init__(self, handle):
+            self.handle = handle
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return self.handle.__exit__(*exc)
+
+        def write(self, data):
+            self.handle.write(data[: len(data) // 2])
+            self.handle.flush()
+            print("half written", flush=True)
+            while True:
+                signal.pause()
+
+        def __getattr__(self, name):
+            return getattr(self.handle, name)
+
+    os.fdopen = lambda fd, *args, **kwargs: Stalls(real_fdopen(fd, *args, **kwargs))
+    write_gradebook(sys.argv[1], load_lab_checks("example"), [GradeRow("zoe", "ok", total=12.0)])
+    print("finished without stalling", flush=True)
+''')
+
+
+@pytest.mark.skipif(os.name != "posix", reason="SIGKILL")
+def test_a_grader_killed_mid_write_leaves_the_old_gradebook(submissions, tmp_path):
+    out = tmp_path / "out"
+    grade_batch(submissions, "example", None, FakeRunner(), out, collector=_collector())
+    path = out / "gradebook.csv"
+    before = path.read_bytes()
+    child = subprocess.Popen([sys.executable, "-c", _KILLED_WRITER, str(path)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline() == "half written\n"  # blocks until the child is mid-write: no sleeps
+        temps = list(out.glob(".gradebook.csv.*.tmp"))
+        assert len(temps) == 1 and 0 < len(temps[0].read_bytes()) < len(before)
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+        child.stdout.close()
+    assert child.returncode == -signal.SIGKILL
+    assert path.read_bytes() == before
+    assert [r["learner"] for r in read_gradebook(path)] == ["alice", "bob", "carol", "dave", "erin"]
+    # the next writer is not blocked by the dead one's lock and sweeps its leftover
+    write_gradebook(path, load_lab_checks("example"), [GradeRow("zoe", "ok", total=12.0)], lab="example")
+    assert [r["learner"] for r in read_gradebook(path)] == ["alice", "bob", "carol", "dave", "erin", "zoe"]
+    assert not list(out.glob(".gradebook.csv.*.tmp"))
 
 
 def test_namespaces_are_valid_and_distinct():

@@ -314,6 +314,8 @@ class _ResourceState:
     # False once the stop grace period expired: the resource reads (0, 0).
     registered: bool = True
     grace_timer: threading.Timer | None = None
+    # Known from the checkpoint, its plugin not back yet since the manager (re)started.
+    restored: bool = False
 
     def counts(self) -> tuple[int, int]:
         healthy = sum(1 for d in self.devices.values() if d.health == HEALTHY)
@@ -396,9 +398,17 @@ class DeviceManager:
         with self._lock:
             self._entries = entries
             self._resources = {}
-            for name in registered:
-                # Known resource, no plugin yet: the kubelet reads it as 0 until re-registration.
-                self._resources.setdefault(name, _ResourceState())
+            for name, ids in registered.items():
+                # As the kubelet reads its checkpoint: the devices are known but
+                # unhealthy (capacity N, allocatable 0) until the plugin registers
+                # again; if it never does, the resource goes after the grace period.
+                state = _ResourceState(devices={i: api_pb2.Device(ID=i, health=UNHEALTHY) for i in ids},
+                                       restored=True)
+                state.grace_timer = threading.Timer(self.stop_grace_period, self._expire_restored,
+                                                    args=(name, state))
+                state.grace_timer.daemon = True
+                state.grace_timer.start()
+                self._resources[name] = state
         self._remove_stale_sockets()
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="kubelet-registration"))
         api_pb2_grpc.add_RegistrationServicer_to_server(_RegistrationService(self), server)
@@ -469,6 +479,7 @@ class DeviceManager:
                 raise
             state = self._resources.setdefault(name, _ResourceState())
             old, state.endpoint, state.registered = state.endpoint, endpoint, True
+            state.restored = False
             state.cancel_timer()
             endpoint.watch(self._on_devices, self._on_stream_end)
         if old is not None:
@@ -519,6 +530,22 @@ class DeviceManager:
         endpoint.stop()
         self._save_now()
         self._notify()
+
+    def _expire_restored(self, name: str, restored: _ResourceState) -> None:
+        with self._lock:
+            if self._resources.get(name) is not restored or not restored.restored:
+                return
+            log.info("Device plugin for %s did not register again within %ss; removing its resource", name,
+                     self.stop_grace_period)
+            restored.devices, restored.registered, restored.restored, restored.grace_timer = {}, False, False, None
+        self._save_now()
+        self._notify()
+
+    def awaiting_plugin(self, resource: str) -> bool:
+        """True while ``resource`` is known from the checkpoint and its plugin has not registered again."""
+        with self._lock:
+            state = self._resources.get(resource)
+            return state is not None and state.restored and state.endpoint is None
 
     # -- counts ------------------------------------------------------------
 
@@ -627,6 +654,16 @@ class DeviceManager:
             if changed:
                 self._save_now()
                 log.info("Released devices of pod %s", pod_uid)
+
+    def retain(self, pod_uids: set[str]) -> None:
+        """Forget the devices of every pod not in ``pod_uids`` (deleted while nobody watched)."""
+        with self._alloc_lock:
+            with self._lock:
+                gone = {e.pod_uid for e in self._entries} - set(pod_uids)
+                self._entries = [e for e in self._entries if e.pod_uid not in gone]
+            if gone:
+                self._save_now()
+                log.info("Released devices of pods gone while the kubelet was down: %s", ", ".join(sorted(gone)))
 
     def pod_devices(self) -> dict[str, dict[str, dict[str, list[str]]]]:
         """``{pod UID: {container: {resource: [device IDs]}}}`` for every assignment."""

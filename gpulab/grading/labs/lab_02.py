@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from gpulab import _poll
+from gpulab.grading import gpustack, journal
 from gpulab.grading.checks import (
     Context, allocatable_by_node, check, containers, dig, failed, partial, passed, quantity_int, ratio,
 )
@@ -90,12 +91,11 @@ def _sandbox_error(what: str) -> Exception:
 
 def gpu_nodes_of(cluster_root) -> dict[str, int]:
     """GPU node name -> card count, from the cluster's topology."""
-    from gpulab.cluster.embedded import EmbeddedCluster
-
-    if cluster_root is None or not (Path(cluster_root) / "nodes").is_dir():
+    nodes = gpustack.gpu_nodes(cluster_root)
+    if nodes is None:
         raise _sandbox_error(f"lab {LAB} breaks simulated GPU nodes (gpulab fault), which only the embedded backend "
                              f"has: grade it on a cluster from `gpulab up --backend embedded`")
-    return {n.name: n.gpu_count for n in EmbeddedCluster(cluster_root).topology().gpu_nodes}
+    return nodes
 
 
 def scenario(namespace: str, nodes: Mapping[str, int]) -> tuple[str, str, int | None]:
@@ -132,26 +132,8 @@ def _operand(client, node: str, app: str) -> dict | None:
     return pods[0] if pods else None
 
 
-def _crashed(pod: dict | None) -> bool:
-    statuses = dig(pod, "status", "containerStatuses", default=[]) or []
-    return bool(statuses) and all(not s.get("ready") and (s.get("restartCount") or 0) >= 1 for s in statuses)
-
-
-def _resources_whole(client, nodes: Mapping[str, int]) -> bool:
-    """Every GPU resource a device plugin advertises on ``nodes`` has all its devices healthy.
-
-    A resource no plugin advertises any more (after MIG or a renamed time-slicing
-    resource) keeps its capacity at allocatable 0 for the kubelet's 5-minute stop
-    grace period; it is left out. One resource must have cards.
-    """
-    for name in nodes:
-        status = (client.get("Node", name) or {}).get("status") or {}
-        cap, alloc = status.get("capacity") or {}, status.get("allocatable") or {}
-        live = {k: quantity_int(v) or 0 for k, v in alloc.items() if k.startswith("nvidia.com/")}
-        live = {k: n for k, n in live.items() if n > 0}
-        if not live or any(quantity_int(cap.get(k)) != n for k, n in live.items()):
-            return False
-    return True
+_crashed = gpustack.crashed
+_resources_whole = gpustack.resources_whole
 
 
 def set_faults(client, cluster_root, node: str, wanted: Iterable[tuple[str, int | None]]) -> None:
@@ -171,22 +153,12 @@ def repair(env, timeout: float = 90) -> None:
 
     Also clears faults left by an interrupted earlier run; a lab graded here
     expects healthy GPUs (as ``NODE_TAINTS`` expects the topology's taints).
+    The same settle logic puts faults back for a killed grader's journal.
     """
-    from gpulab.fakegpu import faults, operator
-
-    client, root = env.client, env.cluster_root
-    nodes = gpu_nodes_of(root)
-    for name, _ in faults.clear(root, sorted(nodes)):
-        faults.wait_applied(root, name, timeout=15)
-    # A crash-looping pod waits out its back-off before it starts again; a deleted one is replaced at once.
-    for pod in client.list("Pod", OPERATOR_NS):
-        if dig(pod, "spec", "nodeName") in nodes and _crashed(pod):
-            client.delete("Pod", pod["metadata"]["name"], OPERATOR_NS, grace_seconds=0)
-    _wait(lambda: _resources_whole(client, nodes), timeout, "every GPU allocatable again")
-    _wait(lambda: operator.stack_ready(client) is None, timeout,
-          lambda: f"the GPU stack to be ready again (still: {operator.stack_ready(client)})")
+    gpustack.repair_faults(env.client, env.cluster_root, gpu_nodes_of(env.cluster_root), timeout=timeout)
 
 
+@journal.declare("faults")
 def break_one_layer(env) -> list[dict[str, Any]]:
     """``SETUP``: break the layer :func:`scenario` picks for this run; wait until the cluster shows it."""
     repair(env)

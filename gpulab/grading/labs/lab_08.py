@@ -28,6 +28,7 @@ import hashlib
 import re
 from typing import Any
 
+from gpulab.grading import journal
 from gpulab.grading.checks import Context, check, containers, dig, failed, passed, pod_spec, quantity_int, ratio
 from gpulab.grading.labs import lab_02
 
@@ -61,6 +62,7 @@ def _set_taint(client, node: str, present: bool) -> None:
     client.patch("Node", node, {"spec": {"taints": taints or None}})
 
 
+@journal.declare("faults", "nodes")
 def break_for_troubleshooting(env) -> list[dict[str, Any]]:
     """``SETUP``: on every GPU node one unhealthy card and the GPU taint; wait until allocatable shows it."""
     lab_02.repair(env)

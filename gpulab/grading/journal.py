@@ -1,0 +1,371 @@
+"""A grader that dies cleans up after itself next time: journals of cluster-wide changes.
+
+Before a cluster-wide lab's run changes anything outside its namespaces
+(``normalize``, the lab's ``SETUP`` hook: GPU faults, node labels and taints,
+PriorityClasses, the GPU stack's ClusterPolicy and ConfigMaps),
+:class:`~gpulab.grading.cluster.ClusterSandbox` writes a journal,
+``<cluster>/journal/<namespace>.<pid>.json`` (atomically, see
+:mod:`gpulab._fsutil`): who runs it (pid, the process's start time, command,
+host), what the lab declared it changes and what was there before. It is
+removed once ``TEARDOWN`` and the sandbox's own restore have finished.
+
+A journal that is still there belongs to a grader that is running, or to one
+that was killed (SIGKILL, a closed laptop, an OOM kill) before it could put
+the cluster back. :func:`recover` — run by ``gpulab up``, ``gpulab check``,
+``gpulab grade`` and a lesson notebook's ``setup()`` — tells them apart by
+the owner's pid *and* start time (a pid the system handed to another process
+since is dead for this purpose), restores the recorded state of the dead
+ones (newest first, so the oldest "before" wins), and leaves a living
+grader's journal alone. What it did comes back as :class:`Restored` records,
+each one line in English (CLI) or zh-CN (notebooks).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpulab._fsutil import atomic_write_json, locked
+
+VERSION = 1
+DIRNAME = "journal"
+
+#: What a lab's ``SETUP`` may change cluster-wide; a journal records the state of each before the run.
+#: ``nodes`` (labels, annotations, taints, cordon) and ``priority-classes`` are journaled for every
+#: cluster-wide lab, since the learner's identity may change them too.
+CHANGES = {
+    "nodes": "node labels, annotations, taints, unschedulable",
+    "priority-classes": "PriorityClasses",
+    "faults": "simulated GPU faults (gpulab fault) on the GPU nodes",
+    "gpu-stack": "the ClusterPolicy's spec, gpu-operator's ConfigMaps, the GPU nodes' stack labels",
+}
+ALWAYS = ("nodes", "priority-classes")
+
+# A process's start time as psutil reports it is exact to the clock tick; anything within this is the same process.
+_START_SLACK = 1.0
+
+
+class JournalError(RuntimeError):
+    """A journal cannot be written or read; the message says which and why."""
+
+
+def journal_dir(cluster_root: str | os.PathLike[str]) -> Path:
+    return Path(cluster_root) / DIRNAME
+
+
+def declare(*changes: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Decorate a ``SETUP`` hook with what it changes cluster-wide (keys of :data:`CHANGES`).
+
+    ``@journal.declare("faults", "nodes")`` before ``def break_things(env)``. A
+    hook that declares nothing is journaled for everything it might change.
+    """
+    unknown = [c for c in changes if c not in CHANGES]
+    if unknown:
+        raise ValueError(f"unknown change(s) {', '.join(map(repr, unknown))}; allowed: {', '.join(CHANGES)}")
+
+    def mark(hook: Callable[..., Any]) -> Callable[..., Any]:
+        hook.changes = tuple(changes)  # type: ignore[attr-defined]
+        return hook
+
+    return mark
+
+
+def declared(hook: Any) -> tuple[str, ...]:
+    """What ``hook`` declared with :func:`declare` (everything when it declared nothing), plus :data:`ALWAYS`."""
+    changes = getattr(hook, "changes", None) if hook is not None else ()
+    if changes is None:
+        changes = tuple(CHANGES)
+    return tuple(c for c in CHANGES if c in set(changes) | set(ALWAYS))
+
+
+# --------------------------------------------------------------------------- owners
+
+
+def _command() -> str:
+    text = " ".join([Path(sys.argv[0]).name if sys.argv and sys.argv[0] else "python", *sys.argv[1:]])
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
+@dataclass(frozen=True)
+class Owner:
+    """The process that wrote a journal: pid plus its start time, so a reused pid is not mistaken for it."""
+
+    pid: int
+    started: float  # the process's start, seconds since the epoch (psutil's create_time)
+    command: str = ""
+    host: str = ""
+
+    @classmethod
+    def current(cls) -> Owner:
+        import psutil
+
+        return cls(os.getpid(), psutil.Process().create_time(), _command(), socket.gethostname())
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Owner:
+        return cls(int(data["pid"]), float(data["started"]), str(data.get("command") or ""),
+                   str(data.get("host") or ""))
+
+    def here(self) -> bool:
+        """This host, where its pid can be checked."""
+        return not self.host or self.host == socket.gethostname()
+
+    def alive(self) -> bool:
+        """The process still runs: its pid exists, is not a zombie, and started when the owner did."""
+        import psutil
+
+        if not self.here():
+            return True  # nothing to check it with: a journal of another host is left alone
+        try:
+            proc = psutil.Process(self.pid)
+            if proc.status() == psutil.STATUS_ZOMBIE:  # killed, not yet reaped by its parent
+                return False
+            return abs(proc.create_time() - self.started) < _START_SLACK
+        except psutil.NoSuchProcess:
+            return False
+        except psutil.AccessDenied:  # another user's process with this pid: not ours, unless it started with us
+            return True
+
+    def describe(self) -> str:
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.started))
+        where = f" on {self.host}" if not self.here() else ""
+        return f"pid {self.pid}{where} ({self.command or '?'}), started {when}"
+
+
+# --------------------------------------------------------------------------- one journal
+
+
+@dataclass
+class Journal:
+    """One run's journal file; :meth:`open` writes it, :meth:`close` removes it."""
+
+    path: Path
+    record: dict[str, Any]
+
+    @classmethod
+    def open(cls, cluster_root: str | os.PathLike[str], *, lab: str, namespace: str, learner: str,
+             namespaces: Iterable[str], changes: Iterable[str], before: Mapping[str, Any],
+             cluster_uid: str | None = None, cleanup: Mapping[str, Any] | None = None,
+             owner: Owner | None = None) -> Journal:
+        """Write the journal of a run about to change the cluster (before it changes anything)."""
+        owner = owner or Owner.current()
+        path = journal_dir(cluster_root) / f"{namespace}.{owner.pid}.json"
+        record = {"version": VERSION, "lab": lab, "namespace": namespace, "learner": learner,
+                  "namespaces": list(namespaces), "owner": asdict(owner), "opened": time.time(),
+                  "cluster_uid": cluster_uid, "changes": list(changes), "before": dict(before),
+                  "cleanup": dict(cleanup or {}), "phase": "setup"}
+        journal = cls(path, record)
+        journal._write()
+        return journal
+
+    def update(self, **fields: Any) -> None:
+        """Record more about the run (what ``SETUP`` applied, the phase it is in)."""
+        self.record.update(fields)
+        self._write()
+
+    def close(self) -> None:
+        """The run put the cluster back: nothing to recover."""
+        self.path.unlink(missing_ok=True)
+
+    def _write(self) -> None:
+        try:
+            atomic_write_json(self.path, self.record)
+        except (OSError, ValueError) as exc:
+            raise JournalError(f"cannot write the grading journal {self.path}: {exc}") from exc
+
+    @property
+    def owner(self) -> Owner:
+        return Owner.from_dict(self.record["owner"])
+
+    @property
+    def id(self) -> str:
+        return self.path.stem
+
+
+def read(path: str | os.PathLike[str]) -> Journal:
+    """The journal at ``path``; :class:`JournalError` when it is not one (it is written atomically: never half)."""
+    path = Path(path)
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(record, dict) or record.get("version") != VERSION:
+            raise ValueError(f"not a version-{VERSION} journal")
+        Owner.from_dict(record["owner"])
+        record["before"]  # noqa: B018 - must be there
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise JournalError(f"{path}: {exc}") from exc
+    return Journal(path, record)
+
+
+def pending(cluster_root: str | os.PathLike[str]) -> tuple[list[Journal], list[tuple[Path, str]]]:
+    """Every journal under the cluster's directory, newest first; and the unreadable ones with why."""
+    found, bad = [], []
+    directory = journal_dir(cluster_root)
+    for path in sorted(directory.glob("*.json")) if directory.is_dir() else ():
+        try:
+            found.append(read(path))
+        except JournalError as exc:
+            bad.append((path, str(exc.__cause__ or exc)))
+    found.sort(key=lambda j: float(j.record.get("opened") or 0), reverse=True)
+    return found, bad
+
+
+# --------------------------------------------------------------------------- what recovery says
+
+
+# (what, action) -> (English, zh-CN); {subject} is a node or object name, {detail} a key, value or fault.
+_TEXT = {
+    ("namespace", "deleted"): ("namespace {subject} deleted", "删除了评分用的命名空间 {subject}"),
+    ("grant", "deleted"): ("{detail} {subject} deleted", "删除了评分用的 {detail} {subject}"),
+    ("fault", "cleared"): ("{subject}: fault {detail} cleared", "{subject}：清除了故障 {detail}"),
+    ("fault", "set"): ("{subject}: fault {detail} set again (it was there before)",
+                       "{subject}：恢复了评分前就有的故障 {detail}"),
+    ("label", "restored"): ("{subject}: label {detail} restored", "{subject}：标签恢复为 {detail}"),
+    ("label", "removed"): ("{subject}: label {detail} removed", "{subject}：去掉了标签 {detail}"),
+    ("annotation", "restored"): ("{subject}: annotation {detail} restored", "{subject}：注解恢复为 {detail}"),
+    ("annotation", "removed"): ("{subject}: annotation {detail} removed", "{subject}：去掉了注解 {detail}"),
+    ("taint", "removed"): ("{subject}: taint {detail} removed", "{subject}：去掉了污点 {detail}"),
+    ("taint", "added"): ("{subject}: taint {detail} put back", "{subject}：恢复了污点 {detail}"),
+    ("unschedulable", "cordoned"): ("{subject}: cordoned again (as before)", "{subject}：恢复为不可调度（cordon）"),
+    ("unschedulable", "uncordoned"): ("{subject}: uncordoned", "{subject}：恢复为可调度（uncordon）"),
+    ("priorityclass", "deleted"): ("PriorityClass {subject} deleted", "删除了 PriorityClass {subject}"),
+    ("priorityclass", "restored"): ("PriorityClass {subject} restored", "恢复了 PriorityClass {subject}"),
+    ("clusterpolicy", "restored"): ("ClusterPolicy {subject}: spec restored",
+                                    "ClusterPolicy {subject} 的 spec 恢复为评分前的样子"),
+    ("configmap", "deleted"): ("ConfigMap {subject} deleted", "删除了 ConfigMap {subject}"),
+    ("configmap", "restored"): ("ConfigMap {subject} restored", "恢复了 ConfigMap {subject}"),
+}
+
+
+@dataclass(frozen=True)
+class Restored:
+    """One thing put back: ``what`` (label, taint, fault …) of ``subject`` (a node, an object), ``action`` taken."""
+
+    what: str
+    subject: str
+    action: str
+    detail: str = ""
+
+    def text(self, lang: str = "en") -> str:
+        en, zh = _TEXT.get((self.what, self.action), ("{subject}: {what} {detail} {action}",) * 2)
+        template = zh if lang.startswith("zh") else en
+        return " ".join(template.format(subject=self.subject, detail=self.detail, what=self.what,
+                                        action=self.action).split())
+
+
+def taint_text(taint: Mapping[str, Any]) -> str:
+    """``key=value:Effect`` as kubectl writes a taint."""
+    value = f"={taint['value']}" if taint.get("value") else ""
+    return f"{taint.get('key')}{value}:{taint.get('effect')}"
+
+
+# --------------------------------------------------------------------------- recovery
+
+
+@dataclass
+class Outcome:
+    """What :func:`recover` did with one journal."""
+
+    journal: Journal | None
+    status: str  # "restored" | "alive" | "failed" | "stale" | "unreadable"
+    restored: list[Restored] = field(default_factory=list)
+    error: str = ""
+    path: Path | None = None
+
+    def lines(self, lang: str = "en") -> list[str]:
+        zh = lang.startswith("zh")
+        rec = self.journal.record if self.journal else {}
+        lab, ns = rec.get("lab", "?"), rec.get("namespace", "?")
+        owner = self.journal.owner if self.journal else None
+        path = self.path or (self.journal.path if self.journal else "?")
+        if self.status == "restored":
+            if zh:
+                head = f"上次评分（{lab}，命名空间 {ns}，进程 {owner.pid if owner else '?'}）被中断，留下了对集群的改动，已还原："
+                return [head, *(f"  ↩ {r.text('zh')}" for r in self.restored)] if self.restored else \
+                    [f"上次评分（{lab}，命名空间 {ns}）被中断；集群已是评分前的样子，无需还原。"]
+            head = (f"an interrupted grader ({owner.describe() if owner else '?'}) left lab {lab} set up "
+                    f"for {ns}; restored:")
+            return [head, *(f"  {r.text()}" for r in self.restored)] if self.restored else \
+                [f"an interrupted grader ({owner.describe() if owner else '?'}) left a journal for {ns}; "
+                 "the cluster was already as before, nothing to restore"]
+        if self.status == "alive":
+            if zh:
+                return [f"评分进程 {owner.pid if owner else '?'}（{lab}，命名空间 {ns}）仍在运行："
+                        "它对集群的改动由它自己还原，这里不动。"]
+            return [f"a grader is still running lab {lab} for {ns} ({owner.describe() if owner else '?'}): "
+                    f"its changes are left alone (journal {path})"]
+        if self.status == "stale":
+            if zh:
+                return [f"集群在评分（{lab}）中断后已经重置过，删除了过时的评分记录。"]
+            return [f"journal {path} is from before the cluster was reset; removed, nothing to restore"]
+        if self.status == "unreadable":
+            if zh:
+                return [f"评分记录 {path} 无法读取（{self.error}），保留原样。"]
+            return [f"journal {path} is unreadable ({self.error}); left in place"]
+        done = [f"  {r.text('zh' if zh else 'en')}" for r in self.restored]
+        if zh:
+            return [f"没能还原完上次中断的评分（{lab}）留下的改动：{self.error}。下次运行会再试；"
+                    "`gpulab reset` 可以把整个集群恢复到初始状态。", *(f"  ↩{d.strip()}" for d in done)]
+        return [f"could not finish restoring what an interrupted grader left for {ns} (lab {lab}): {self.error}; "
+                f"the journal stays ({path}) for the next try, `gpulab reset` resets the whole cluster",
+                *(f"  restored so far: {d.strip()}" for d in done)]
+
+
+def cluster_uid(client: Any) -> str | None:
+    """The kube-system namespace's uid: it changes when the cluster is reset (a journal of before is moot)."""
+    try:
+        return ((client.get("Namespace", "kube-system") or {}).get("metadata") or {}).get("uid")
+    except Exception:  # noqa: BLE001 - identity is a nicety; an unreachable cluster fails later, louder
+        return None
+
+
+def recover(cluster_root: str | os.PathLike[str] | None, client: Any,
+            restore: Callable[[Any, Journal], list[Restored]] | None = None) -> list[Outcome]:
+    """Restore what killed graders left (see the module docstring); what was done, one :class:`Outcome` each.
+
+    ``restore(client, journal)`` puts one journal's state back (default:
+    :func:`gpulab.grading.cluster.restore_journal`). A journal whose restore
+    fails stays for the next try; the others are still handled.
+    """
+    if cluster_root is None or not journal_dir(cluster_root).is_dir():
+        return []
+    if restore is None:
+        from .cluster import restore_journal as restore
+    outcomes: list[Outcome] = []
+    directory = journal_dir(cluster_root)
+    # Two notebooks starting at once must not both put the same things back.
+    with locked(directory / ".recover"):
+        journals, bad = pending(cluster_root)
+        outcomes += [Outcome(None, "unreadable", error=why, path=path) for path, why in bad]
+        uid = None
+        for journal in journals:
+            if journal.owner.alive():
+                outcomes.append(Outcome(journal, "alive"))
+                continue
+            recorded = journal.record.get("cluster_uid")
+            uid = uid or cluster_uid(client)
+            if recorded and uid and recorded != uid:
+                journal.close()
+                outcomes.append(Outcome(journal, "stale"))
+                continue
+            done: list[Restored] = []
+            try:
+                done = restore(client, journal)
+            except Exception as exc:  # noqa: BLE001 - reported; the journal stays for the next try
+                partial = getattr(exc, "restored", None) or []
+                outcomes.append(Outcome(journal, "failed", list(partial), f"{type(exc).__name__}: {exc}"))
+                continue
+            journal.close()
+            outcomes.append(Outcome(journal, "restored", done))
+    return outcomes
+
+
+def report(outcomes: Iterable[Outcome], lang: str = "en") -> list[str]:
+    """Every outcome's lines, in order."""
+    return [line for outcome in outcomes for line in outcome.lines(lang)]
