@@ -450,8 +450,10 @@ def topology_baseline(source: Path | Any | None) -> dict[str, dict[str, Any]]:
 
 def normalize(client: api.Client, spec: LabSpec, baseline: Mapping[str, Mapping[str, Any]]) -> None:
     """Before a cluster-wide run: the lab's node keys as the topology has them, its PriorityClasses absent."""
-    for node in client.list("Node"):
-        name = node["metadata"]["name"]
+    def once(name: str) -> None:
+        node = client.get("Node", name)
+        if node is None:
+            return
         base = baseline.get(name, {"labels": {}, "taints": []})
         labels = node["metadata"].get("labels") or {}
         label_patch = {k: base["labels"].get(k) for k in spec.node_labels if labels.get(k) != base["labels"].get(k)}
@@ -462,9 +464,16 @@ def normalize(client: api.Client, spec: LabSpec, baseline: Mapping[str, Mapping[
         if label_patch:
             patch["metadata"] = {"labels": label_patch}
         if sorted(map(str, wanted)) != sorted(map(str, taints)):
+            # The whole list is replaced: only over the version it was computed from.
+            rv = node["metadata"].get("resourceVersion")
+            if rv:
+                patch.setdefault("metadata", {})["resourceVersion"] = rv
             patch["spec"] = {"taints": wanted or None}
         if patch:
             client.patch("Node", name, patch)
+
+    for node in client.list("Node"):
+        api.retry_on_conflict(lambda n=node["metadata"]["name"]: once(n))
     for name in spec.priority_classes:
         if client.delete("PriorityClass", name):
             _wait(lambda n=name: client.get("PriorityClass", n) is None, 30, f"PriorityClass {name} gone")

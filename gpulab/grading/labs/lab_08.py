@@ -28,6 +28,7 @@ import hashlib
 import re
 from typing import Any
 
+from gpulab.cluster import api
 from gpulab.grading import journal
 from gpulab.grading.checks import Context, check, containers, dig, failed, passed, pod_spec, quantity_int, ratio
 from gpulab.grading.labs import lab_02
@@ -56,10 +57,18 @@ CUDA_LABEL = "nvidia.com/cuda.runtime-version.full"  # the CUDA version the *dri
 
 
 def _set_taint(client, node: str, present: bool) -> None:
-    taints = [t for t in dig(client.get("Node", node), "spec", "taints", default=[]) or [] if t.get("key") != GPU]
-    if present:
-        taints.append(dict(TAINT))
-    client.patch("Node", node, {"spec": {"taints": taints or None}})
+    # The taint list is replaced whole: the patch carries the resourceVersion it was
+    # computed from, so a taint added meanwhile (say, by the node lifecycle
+    # controller) makes it fail with a Conflict and it is computed again.
+    def once() -> None:
+        obj = client.get("Node", node)
+        taints = [t for t in dig(obj, "spec", "taints", default=[]) or [] if t.get("key") != GPU]
+        if present:
+            taints.append(dict(TAINT))
+        client.patch("Node", node, {"metadata": {"resourceVersion": obj["metadata"]["resourceVersion"]},
+                                    "spec": {"taints": taints or None}})
+
+    api.retry_on_conflict(once)
 
 
 @journal.declare("faults", "nodes")
