@@ -1,8 +1,16 @@
 # gpulab — one target per user task. CI runs `make test` (see .ci/run).
 #
-#   make lab        install what is missing, start the cluster, open JupyterLab
-#   make test       everything CI checks: unit, cluster and notebook tests
-#                   (BACKEND=kind: against a kind cluster; needs Docker, see README)
+#   make lab        install what a learner needs (once), start the cluster, open JupyterLab
+#   make test       everything CI checks: unit, cluster, notebook and browser tests, after installing
+#                   the test tools (BACKEND=kind: against a kind cluster; needs Docker, see README)
+#   make install    the learner's install only: .venv with gpulab and its kernel, and (as root or with
+#                   sudo) fonts-noto-cjk for Chinese labels in plots; make lab runs it
+#   make install-test   the test tools on top: pytest, nbval, playwright... and, as root or with sudo,
+#                   Debian's chromium and fonts-noto-cjk for tests/browser; make test and make test-* run it
+#   GPULAB_BIN_DIR=dir make lab   ready control-plane binaries instead of building them (no Go needed;
+#                   `gpulab build` checks each binary and its version); the same for make test
+#   make test-learner   (as an ordinary account; .ci/as-learner runs it) the GPU stack, notebooks 01-04,
+#                   lab 02; make test-learner-process: workloads, notebooks 01 and 05 in GPULAB_SANDBOX=process
 #   make notebooks  re-run the notebooks and store their outputs (NB="03 05" picks some)
 #   make labs       regenerate labs/ from solutions/ (a test fails when they drift)
 #   make grade LAB=03 SUBMISSIONS=dir [HIDDEN=dir] [OUT=dir] [LEARNER="a b"]   grade a class (or some
@@ -16,6 +24,7 @@ PYTHON ?= $(shell for p in python3 python3.13 python3.12 python3.11; do $$p -c '
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+TEST_STAMP := $(VENV)/.installed-test
 PYTEST_ARGS ?=
 JUPYTER_PORT ?= 8888
 # embedded (local processes) or kind (Docker): which cluster `make up` / `make test` use.
@@ -25,34 +34,61 @@ CHECK_BACKEND = @case "$(BACKEND)" in embedded) ;; \
 	      "(\`docker info\` fails here): install or start Docker, or use the embedded backend (BACKEND=embedded)"; exit 1; } ;; \
 	*) echo "gpulab: BACKEND=$(BACKEND): unknown backend; allowed: embedded, kind"; exit 2 ;; esac
 
-.PHONY: help install build up down purge reset status lab test test-unit test-cluster test-notebooks \
+.PHONY: help install install-test build up down purge reset status lab test test-unit test-cluster test-notebooks \
+        test-learner test-learner-process \
         notebooks labs grade bench bench-grading clean
 
 help:
 	@sed -n 's/^#   //p' Makefile
 
+# Go builds the control plane once (`gpulab build`); with GPULAB_BIN_DIR nothing is built and Go is not needed.
+NEED_GO = @command -v go >/dev/null || { echo "gpulab: Go >= 1.26 is needed to build the control plane once;" \
+	  "install Go, or set GPULAB_BIN_DIR to a directory of ready binaries (see README)"; exit 1; }
+# $(call APT_GET,packages,what is missing,what for,what happens without): installs Debian packages where
+# apt-get may (root, or passwordless sudo), else says how; never fails the target.
+APT_GET = if command -v apt-get >/dev/null && { [ "$$(id -u)" = 0 ] || sudo -n true 2>/dev/null; }; then \
+	    sudo=$$([ "$$(id -u)" = 0 ] || echo "sudo -n"); \
+	    echo "gpulab: installing Debian's $(1) ($(3))"; \
+	    { $$sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -qq $(1) >/dev/null; } \
+	      || echo "gpulab: apt-get could not install $(1): $(4)"; \
+	  else \
+	    echo "gpulab: no $(2), and apt-get needs root here: $(4)" \
+	         "(install it with: sudo apt-get install -y $(1))"; \
+	  fi
+# A CJK font file, as gpulab/notebook.py looks for one (_CJK_FILE).
+HAVE_CJK_FONT = [ -n "$$(find /usr/share/fonts /usr/local/share/fonts $$HOME/.local/share/fonts $$HOME/.fonts \
+	-iregex '.*\(notosans\(mono\)?cjk\|notosanssc\|sourcehansans\|wqy\|wenquanyi\).*' -print -quit 2>/dev/null)" ]
+
+# The learner's install (make lab, make up): gpulab with its runtime dependencies, and the notebook kernel.
 $(STAMP): pyproject.toml
 	@test -n "$(PYTHON)" || { echo "gpulab: Python >= 3.11 is needed; set PYTHON=/path/to/python3.11"; exit 1; }
-	@command -v go >/dev/null || { echo "gpulab: Go >= 1.26 is needed to build the control plane (or set GPULAB_BIN_DIR)"; exit 1; }
+	$(if $(GPULAB_BIN_DIR),,$(NEED_GO))
 	@command -v unshare >/dev/null || { echo "gpulab: unshare (util-linux) is needed to run pod commands"; exit 1; }
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet -e .
 	$(BIN)/python -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (gpulab)" >/dev/null
+	@# Notebook plots are labelled in Chinese when a CJK font is installed, in English otherwise (gpulab/notebook.py).
+	@$(HAVE_CJK_FONT) || { $(call APT_GET,fonts-noto-cjk,CJK font,Chinese labels in notebook plots,notebook plots will be labelled in English); }
+	@# GPULAB_SANDBOX=process (no user namespaces here) places pods' volumes with proot.
+	@[ "$$GPULAB_SANDBOX" != process ] || command -v proot >/dev/null || { 	  $(call APT_GET,proot,proot,for GPULAB_SANDBOX=process,pods with volumes cannot start in the process sandbox); }
 	touch $(STAMP)
 
+# The test tools on top (make test, make test-*): pyproject's dev extra.
+$(TEST_STAMP): $(STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $(TEST_STAMP)
+
 install: $(STAMP)
+
+install-test: $(TEST_STAMP)
 	@# The browser test (tests/browser) drives JupyterLab in Debian's chromium; playwright cannot download one here.
+	@# fonts-noto-cjk: the quiz's Chinese text in its screenshot.
 	@command -v chromium >/dev/null || command -v chromium-browser >/dev/null || { \
-	  if command -v apt-get >/dev/null && { [ "$$(id -u)" = 0 ] || sudo -n true 2>/dev/null; }; then \
-	    sudo=$$([ "$$(id -u)" = 0 ] || echo "sudo -n"); \
-	    echo "gpulab: installing Debian's chromium and fonts-noto-cjk (for tests/browser)"; \
-	    { $$sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -qq chromium fonts-noto-cjk >/dev/null; } \
-	      || echo "gpulab: apt-get could not install chromium: tests/browser will be skipped"; \
-	  else \
-	    echo "gpulab: no chromium, and apt-get needs root here: tests/browser will be skipped" \
-	         "(install it with: sudo apt-get install -y chromium fonts-noto-cjk)"; \
-	  fi; }
+	  $(call APT_GET,chromium fonts-noto-cjk,chromium,for tests/browser,tests/browser will be skipped); }
+	@# proot: the tests of the weaker process sandbox (GPULAB_SANDBOX=process).
+	@command -v proot >/dev/null || { \
+	  $(call APT_GET,proot,proot,for the process sandbox's tests,the process sandbox's tests will be skipped); }
 
 build: install
 	$(BIN)/gpulab build
@@ -78,19 +114,30 @@ lab: up
 	    --ServerApp.root_dir=$(CURDIR) --LabApp.default_url=/lab/tree/notebooks \
 	    $(if $(filter 0,$(shell id -u)),--allow-root)
 
-test: build
+test: install-test build
 	$(CHECK_BACKEND)
 	GPULAB_TEST_BACKEND=$(BACKEND) $(BIN)/python -m pytest $(PYTEST_ARGS)
 
-test-unit: install
+test-unit: install-test
 	$(BIN)/python -m pytest tests/unit $(PYTEST_ARGS)
 
-test-cluster: build
+test-cluster: install-test build
 	$(CHECK_BACKEND)
 	GPULAB_TEST_BACKEND=$(BACKEND) $(BIN)/python -m pytest tests/cluster $(PYTEST_ARGS)
 
-test-notebooks: build
+test-notebooks: install-test build
 	$(BIN)/python -m pytest tests/notebooks $(PYTEST_ARGS)
+
+# What .ci/as-learner runs as an ordinary account (learners are not root): the GPU stack's cluster
+# tests, notebooks 01-04 and lab 02's grading; then workloads and notebooks 01, 05 in the process sandbox.
+LEARNER_TESTS := tests/cluster/test_gpu_operator.py tests/cluster/test_gpu_sharing.py tests/cluster/test_gpu_mig.py \
+	tests/cluster/test_gpu_faults.py tests/cluster/test_lab_02.py tests/notebooks/test_notebooks.py
+test-learner: install-test build
+	$(BIN)/python -m pytest $(LEARNER_TESTS) -k "not test_notebook_runs or 01- or 02- or 03- or 04-" $(PYTEST_ARGS)
+
+test-learner-process: install-test build
+	GPULAB_SANDBOX=process $(BIN)/python -m pytest tests/unit/test_sandbox.py tests/cluster/test_workloads.py \
+	    tests/notebooks/test_notebooks.py -k "test_sandbox or test_workloads or 01- or 05-" $(PYTEST_ARGS)
 
 notebooks: up
 	$(BIN)/python tools/run_notebooks.py $(NB)

@@ -197,15 +197,18 @@ def versions_cmd() -> None:
 
 @main.command()
 def build() -> None:
-    """Build (or find) the control-plane binaries without starting anything."""
+    """Build the control-plane binaries once (with GPULAB_BIN_DIR: check its binaries and versions instead)."""
     from .cluster import binaries
 
+    given = os.environ.get("GPULAB_BIN_DIR")
     try:
         bins = binaries.ensure()
     except binaries.BinaryError as e:
         _fail(str(e))
+    if given:
+        click.echo(f"GPULAB_BIN_DIR={given}: every binary present, executable and of a usable version")
     for name, p in bins.paths.items():
-        click.echo(f"{name:<24} {p}")
+        click.echo(f"{name:<24} {bins.versions.get(name, ''):<10} {p}")
 
 
 # -- quizzes ---------------------------------------------------------------------

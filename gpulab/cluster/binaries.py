@@ -7,6 +7,10 @@ modules. Each build uses a small wrapper module kept in ``gobuild/<name>/``
 version, and its ``go.sum`` pins every hash), runs in a cache directory outside
 the repository, and installs into ``$GPULAB_CACHE/bin/<name>-<version>/``. A
 later run finds the stamp file and builds nothing.
+
+With ``GPULAB_BIN_DIR`` set nothing is built and Go is never asked for: the
+directory's binaries are checked instead (each one present and executable,
+and its ``--version`` within the pinned major.minor; see ``VERSION_RULES``).
 """
 
 from __future__ import annotations
@@ -17,9 +21,11 @@ import json
 import os
 import re
 import shutil
+import stat
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable
 
@@ -100,9 +106,51 @@ KWOK_CRDS = ("kwok.x-k8s.io_clusterlogs.yaml", "kwok.x-k8s.io_clusterexecs.yaml"
 class Binaries:
     paths: dict[str, Path]
     kwok_crds: tuple[Path, ...]
+    # The version of each binary: the pinned one for builds, what `--version` said for GPULAB_BIN_DIR.
+    versions: dict[str, str] = dataclasses.field(default_factory=dict)
 
     def __getitem__(self, name: str) -> Path:
         return self.paths[name]
+
+
+@dataclasses.dataclass(frozen=True)
+class VersionRule:
+    """How a ready binary in GPULAB_BIN_DIR tells its version, and which version it must be.
+
+    The major.minor version must be the pinned one (flags, API versions, KWOK's
+    stage format and etcd's data format change between minor versions: an error);
+    another patch release of it is used with a warning.
+    """
+
+    args: tuple[str, ...]
+    # What precedes the version in the output, e.g. "Kubernetes" in "Kubernetes v1.37.2".
+    prefix: str
+    wanted: str
+    prints_v: bool = True  # "v1.37.2" rather than "1.37.2"
+
+    @property
+    def pattern(self) -> str:
+        return re.escape(self.prefix) + r"\s+(v?\d+\.\d+\.\d+\S*)"
+
+    def sample(self) -> str:
+        return f"{self.prefix} {self.wanted if self.prints_v else self.wanted.lstrip('v')}"
+
+    def allowed(self) -> str:
+        major, minor, _ = _parse_version(self.wanted) or (0, 0, 0)
+        return f"v{major}.{minor}.x"
+
+
+VERSION_RULES = {
+    # `kube-apiserver --version` prints "Kubernetes v1.37.2".
+    "kube-apiserver": VersionRule(("--version",), "Kubernetes", versions.KUBERNETES),
+    "kube-controller-manager": VersionRule(("--version",), "Kubernetes", versions.KUBERNETES),
+    "kube-scheduler": VersionRule(("--version",), "Kubernetes", versions.KUBERNETES),
+    # "etcd Version: 3.6.16", then Git SHA, Go version and OS/Arch lines.
+    "etcd": VersionRule(("--version",), "etcd Version:", versions.ETCD, prints_v=False),
+    # "kwok version v0.8.0 go1.26.8 (linux/amd64)".
+    "kwok": VersionRule(("--version",), "kwok version", versions.KWOK),
+}
+VERSION_TIMEOUT_S = 30.0
 
 
 def _stamp(build: Build) -> str:
@@ -137,7 +185,9 @@ def _go() -> str:
             + ", ".join(REQUIRED)
             + " (plus kwok-crds/ with "
             + ", ".join(KWOK_CRDS)
-            + ")."
+            + "), at versions "
+            + ", ".join(f"{n} {VERSION_RULES[n].allowed()}" for n in REQUIRED)
+            + "."
         )
     out = subprocess.run([go, "version"], capture_output=True, text=True).stdout
     m = re.search(r"go(\d+)\.(\d+)", out)
@@ -222,33 +272,118 @@ def _build(build: Build, go: str, progress: Progress) -> None:
     tmp.rename(build.bin_dir)
 
 
-def _from_bin_dir(bin_dir: Path) -> Binaries:
-    missing = [n for n in REQUIRED if not os.access(bin_dir / n, os.X_OK)]
+def _parse_version(text: str) -> tuple[int, int, int] | None:
+    m = re.fullmatch(r"v?(\d+)\.(\d+)\.(\d+)\S*", text.strip())
+    return (int(m[1]), int(m[2]), int(m[3])) if m else None
+
+
+def _version_of(path: Path, rule: VersionRule) -> tuple[str | None, str | None]:
+    """(the version ``path`` reports, None) or (None, why it could not be read)."""
+    cmd = f"`{path} {' '.join(rule.args)}`"
+    try:
+        proc = subprocess.run([str(path), *rule.args], capture_output=True, text=True,
+                              stdin=subprocess.DEVNULL, timeout=VERSION_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return None, f"{cmd} did not finish within {VERSION_TIMEOUT_S:g} s"
+    except OSError as e:  # e.g. "Exec format error": built for another architecture
+        return None, f"{cmd} could not run: {e.strerror or e}"
+    out = (proc.stdout or "") + (proc.stderr or "")
+    m = re.search(rule.pattern, out)
+    if proc.returncode == 0 and m:
+        return m[1], None
+    lines = [ln.strip() for ln in out.strip().splitlines() if ln.strip()]
+    said = f": {lines[0][:200]}" if lines else " and printed nothing"
+    if proc.returncode != 0:
+        return None, f"{cmd} failed (exit {proc.returncode}){said}"
+    return None, f"{cmd} printed no version (expected a line like \"{rule.sample()}\"){said}"
+
+
+def check_bin_dir(bin_dir: Path) -> tuple[Binaries, list[str]]:
+    """Check a GPULAB_BIN_DIR: every binary present, executable and of the pinned version.
+
+    Returns the binaries and the warnings (another patch release than the pinned
+    one); raises :class:`BinaryError` listing every problem at once.
+    """
+    where = f"GPULAB_BIN_DIR={bin_dir}"
+    need = (
+        f"It must hold executables named {', '.join(REQUIRED)} and the files "
+        f"kwok-crds/{{{','.join(KWOK_CRDS)}}}, at versions "
+        + ", ".join(f"{n} {VERSION_RULES[n].allowed()}" for n in REQUIRED)
+        + " (pinned: " + ", ".join(f"{n} {VERSION_RULES[n].wanted}" for n in REQUIRED)
+        + "; unset GPULAB_BIN_DIR to build them from the Go module proxy instead)."
+    )
+    if not bin_dir.is_dir():
+        what = "is not a directory" if bin_dir.exists() else "does not exist"
+        raise BinaryError(f"{where}: {bin_dir} {what}. {need}")
+    problem: dict[str, str] = {}  # binary -> what is wrong with it
+    runnable: list[str] = []
+    for name in REQUIRED:
+        path = bin_dir / name
+        if not path.exists():
+            problem[name] = f"missing ({path})"
+        elif not path.is_file():
+            problem[name] = f"{path} is not a file"
+        elif not os.access(path, os.X_OK):
+            mode = stat.S_IMODE(path.stat().st_mode)
+            problem[name] = f"{path} is not executable (mode {mode:04o}; `chmod +x` it)"
+        else:
+            runnable.append(name)
+    with ThreadPoolExecutor(max_workers=len(REQUIRED)) as pool:
+        read = dict(zip(runnable, pool.map(lambda n: _version_of(bin_dir / n, VERSION_RULES[n]), runnable)))
+    found: dict[str, str] = {}
+    warnings: list[str] = []
+    for name in REQUIRED:
+        if name not in read:
+            continue
+        rule, path = VERSION_RULES[name], bin_dir / name
+        version, why = read[name]
+        if version is None:
+            problem[name] = f"{why}; wanted version {rule.wanted}"
+            continue
+        have, want = _parse_version(version), _parse_version(rule.wanted)
+        assert have is not None and want is not None
+        if have[:2] != want[:2]:
+            problem[name] = f"{path} is version {version}, wanted {rule.wanted} (allowed: {rule.allowed()})"
+            continue
+        found[name] = version
+        if have != want or version.lstrip("v") != rule.wanted.lstrip("v"):
+            warnings.append(f"warning: {where}: {name} is version {version}, pinned {rule.wanted}; "
+                            f"using it (same minor version; the course is tested with {rule.wanted})")
+    problems = [f"{name}: {problem[name]}" for name in REQUIRED if name in problem]
     crds = tuple(bin_dir / "kwok-crds" / c for c in KWOK_CRDS)
-    missing += [str(c.relative_to(bin_dir)) for c in crds if not c.is_file()]
-    if missing:
-        raise BinaryError(
-            f"GPULAB_BIN_DIR={bin_dir} lacks {', '.join(missing)}. It must hold executables "
-            f"named {', '.join(REQUIRED)} and kwok-crds/{{{','.join(KWOK_CRDS)}}} "
-            "(unset GPULAB_BIN_DIR to build them from the Go module proxy instead)."
-        )
-    return Binaries({n: bin_dir / n for n in REQUIRED}, crds)
+    problems += [f"kwok-crds/{crd.name}: missing ({crd}; it is in the kwok module, kustomize/crd/bases/)"
+                 for crd in crds if not crd.is_file()]
+    if problems:
+        n = len(problems)
+        raise BinaryError(f"{where} is not usable ({n} problem{'s' if n > 1 else ''}):\n"
+                          + "\n".join(f"  {p}" for p in problems) + f"\n{need}")
+    return Binaries({n: bin_dir / n for n in REQUIRED}, crds, found), warnings
+
+
+def _from_bin_dir(bin_dir: Path, say: Progress) -> Binaries:
+    found, warnings = check_bin_dir(bin_dir)
+    for w in warnings:
+        say(w)
+    return found
 
 
 def ensure(progress: Progress | None = None) -> Binaries:
     """Return the binaries, building whatever is missing (visible progress)."""
     say = progress or (lambda msg: print(f"gpulab: {msg}", file=sys.stderr, flush=True))
     if os.environ.get("GPULAB_BIN_DIR"):
-        return _from_bin_dir(Path(os.environ["GPULAB_BIN_DIR"]).expanduser())
+        # Ready binaries: checked, never built, and Go is not needed.
+        return _from_bin_dir(Path(os.environ["GPULAB_BIN_DIR"]).expanduser(), say)
     todo = [b for b in BUILDS if not _is_built(b)]
     if todo:
         _build_locked(todo, _go(), say)
     found: dict[str, Path] = {}
+    built: dict[str, str] = {}
     for b in BUILDS:
         for _, out in b.programs:
             found[out] = b.bin_dir / out
+            built[out] = b.version
     kwok = next(b for b in BUILDS if b.name == "kwok")
-    return Binaries(found, tuple(kwok.bin_dir / "kwok-crds" / c for c in KWOK_CRDS))
+    return Binaries(found, tuple(kwok.bin_dir / "kwok-crds" / c for c in KWOK_CRDS), built)
 
 
 def status_of(build: Build) -> bool:

@@ -30,7 +30,8 @@ from pathlib import Path
 from typing import Callable
 
 from .. import paths
-from ..runtime import shim
+from .._fsutil import hold_lock
+from ..runtime import sandbox, shim
 from . import binaries, kubeconfig, nodes, pki
 from .processes import Component, ProcessTable, StartError, free_port, http_ok, https_ok, port_is_free, who_listens
 from .statedir import StateDir
@@ -91,8 +92,19 @@ class EmbeddedCluster(StateDir):
                     d.chmod(stat.S_IMODE(mode) | stat.S_IXOTH)
                     say(f"{d}: added o+x (search only), so pod processes, which run as nobody, can reach {target}")
 
+    def _exclusive(self, purpose: str, say: Say):
+        """One command at a time changes this cluster: a second `gpulab up` (a notebook's setup
+        while the server's start script still runs one) waits, and says so, instead of starting
+        its own copies of the components."""
+        return hold_lock(self.root.parent / f".{self.root.name}.lock", what="the cluster lock",
+                         purpose=purpose, say=say)
+
     def up(self, topology_path: str | Path | None = None, say: Say = _say, timeout: float = 120) -> str:
         """Start the cluster (or whatever part of it is down). Returns a one-line summary."""
+        with self._exclusive("gpulab up", say):
+            return self._up(topology_path, say, timeout)
+
+    def _up(self, topology_path: str | Path | None, say: Say, timeout: float) -> str:
         state = self.state()
         if topology_path is not None:
             topo = load_topology(topology_path)
@@ -108,6 +120,12 @@ class EmbeddedCluster(StateDir):
         running = self.running()
         if set(running) == set(COMPONENTS):
             return f"cluster already running ({len(topo.nodes)} nodes); kubeconfig: {self.kubeconfig}"
+        if "node-agent" not in running:
+            # Before anything starts: pods need a sandbox, and this says why there is none and what to do.
+            try:
+                sandbox.check()
+            except sandbox.SandboxUnavailable as e:
+                raise ClusterError(str(e)) from None
         if running:
             down = [c for c in COMPONENTS if c not in running]
             say(f"restarting stopped components: {', '.join(down)} (objects are kept)")
@@ -299,6 +317,10 @@ class EmbeddedCluster(StateDir):
     # -- stop / reset / purge -------------------------------------------------
 
     def down(self, purge: bool = False, say: Say = _say) -> str:
+        with self._exclusive("gpulab down", say):
+            return self._down(purge, say)
+
+    def _down(self, purge: bool, say: Say) -> str:
         stopped = [n for n in reversed(COMPONENTS) if self.procs.stop(n)]
         # Anything else recorded (an old component name) goes too.
         for extra in self.procs.running():
@@ -315,12 +337,16 @@ class EmbeddedCluster(StateDir):
         return f"stopped {', '.join(stopped)}; state kept in {self.root} (`gpulab up` resumes it)"
 
     def reset(self, topology_path: str | Path | None = None, say: Say = _say) -> str:
+        with self._exclusive("gpulab reset", say):
+            return self._reset(topology_path, say)
+
+    def _reset(self, topology_path: str | Path | None, say: Say) -> str:
         """Back to the topology's initial state: objects, volumes and pod data are wiped."""
         topo = load_topology(topology_path if topology_path is not None else self.state().get("topology"))
-        self.down(say=say)
+        self._down(False, say)
         for sub in ("etcd", "nodes", "pods", "kwok-work"):
             shutil.rmtree(self.root / sub, ignore_errors=True)
         state = self.state()
         state["topology"] = str(topo.source.resolve())
         self._save_state(state)
-        return self.up(say=say)
+        return self._up(None, say, 120)

@@ -1,5 +1,7 @@
 """Runs inside fresh namespaces and turns itself into a container's process.
 
+(The weaker ``process`` sandbox does without it: see :mod:`gpulab.runtime.sandbox`.)
+
 Started by :mod:`gpulab.runtime.sandbox` as
 ``unshare --net --mount --pid --uts --ipc --fork [--user --map-root-user] -- python sandbox_init.py SPEC``.
 Here it is (namespaced) root, with the host's mounts privately copied. It:
@@ -58,12 +60,22 @@ def _bind(source: str, target: str, read_only: bool) -> None:
         _mount(source, target, None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
 
 
-def _layer(lower: str, target: str, scratch: str) -> None:
-    """A writable copy-on-write view of ``lower`` at ``target``; the host's files stay untouched."""
+def _layer(lower: str, target: str, scratch: str, inner: list[str]) -> None:
+    """A writable copy-on-write view of ``lower`` at ``target``; the host's files stay untouched.
+
+    ``inner`` are the directories (relative to ``lower``) that will hold mount
+    points. They are made in the upper layer before it is mounted: in a user
+    namespace the host's root-owned directories cannot be copied up (their
+    owner is not mapped), but a directory already in the upper layer needs no
+    copy-up, and the mount points go there.
+    """
     upper, work = os.path.join(scratch, "upper"), os.path.join(scratch, "work")
     os.makedirs(upper, exist_ok=True)
     os.makedirs(work, exist_ok=True)
     os.makedirs(target, exist_ok=True)
+    for rel in inner:
+        if rel and os.path.isdir(os.path.join(lower, rel)):
+            os.makedirs(os.path.join(upper, rel), mode=0o755, exist_ok=True)
     try:
         _mount("overlay", target, "overlay", 0, f"lowerdir={lower},upperdir={upper},workdir={work}")
         return
@@ -98,7 +110,8 @@ def build_root(spec: dict) -> None:
                 # A volume goes inside a system directory (say /etc/config):
                 # it needs a mount point there, which the read-only host
                 # directory cannot take; give the container a layer of its own.
-                _layer(d, _inside(root, d), os.path.join(spec["scratch"], "layers", d.strip("/")))
+                inner = [os.path.dirname(t[len(d) + 1:]) for t in targets if t.startswith(d + "/")]
+                _layer(d, _inside(root, d), os.path.join(spec["scratch"], "layers", d.strip("/")), inner)
             else:
                 _bind(d, _inside(root, d), read_only=True)
         elif os.path.islink(d):
@@ -141,9 +154,54 @@ def set_limits(spec: dict) -> None:
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 
 
+def _deny_statx() -> None:
+    """Make ``statx`` fail with ENOSYS (seccomp), so programs fall back to ``fstatat``.
+
+    proot (the process sandbox's path translation) predates ``statx`` and does
+    not translate its path: ``ls /data`` would miss a volume that ``cat`` finds.
+    Every libc and coreutils falls back to ``fstatat`` when ``statx`` is missing.
+    """
+    arch = {"x86_64": (0xC000003E, 332), "aarch64": (0xC00000B7, 291)}.get(os.uname().machine)
+    if arch is None:
+        return
+
+    class SockFilter(ctypes.Structure):
+        _fields_ = [("code", ctypes.c_ushort), ("jt", ctypes.c_ubyte), ("jf", ctypes.c_ubyte), ("k", ctypes.c_uint)]
+
+    class SockFprog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(SockFilter))]
+
+    ld, jeq, ret = 0x20, 0x15, 0x06
+    program = (SockFilter * 6)(
+        SockFilter(ld, 0, 0, 4),            # seccomp_data.arch
+        SockFilter(jeq, 0, 3, arch[0]),     # another ABI: allow
+        SockFilter(ld, 0, 0, 0),            # seccomp_data.nr
+        SockFilter(jeq, 0, 1, arch[1]),     # statx?
+        SockFilter(ret, 0, 0, 0x00050000 | 38),  # SECCOMP_RET_ERRNO | ENOSYS
+        SockFilter(ret, 0, 0, 0x7FFF0000),  # SECCOMP_RET_ALLOW
+    )
+    prog = SockFprog(len(program), program)
+    if _libc.prctl(38, 1, 0, 0, 0) != 0:  # PR_SET_NO_NEW_PRIVS
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")
+    if _libc.prctl(22, 2, ctypes.byref(prog), 0, 0) != 0:  # PR_SET_SECCOMP, SECCOMP_MODE_FILTER
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_SECCOMP)")
+
+
 def main(argv: list[str]) -> int:
     with open(argv[1]) as f:
         spec = json.load(f)
+    if spec.get("sandbox") == "process":
+        # The weaker sandbox (see gpulab.runtime.sandbox): proot placed the mounts and the working
+        # directory, setpriv the user; here only limits, and the same exec as a runtime's.
+        try:
+            _libc.prctl(1, 9)  # PR_SET_PDEATHSIG, SIGKILL: die with proot, and so with the shim
+            _deny_statx()
+            set_limits(spec)
+            os.nice(spec.get("nice", 5))
+        except OSError as e:
+            print(f"gpulab sandbox: cannot set up the container: {e}", file=sys.stderr)
+            return 128
+        return _exec(spec)
     try:
         build_root(spec)
         if spec.get("hostname"):
@@ -174,6 +232,10 @@ def main(argv: list[str]) -> int:
     except OSError as e:
         print(f"gpulab sandbox: cannot set up the container: {e}", file=sys.stderr)
         return 128
+    return _exec(spec)
+
+
+def _exec(spec: dict) -> int:
     argv_ = spec["argv"]
     try:
         os.execvpe(argv_[0], argv_, spec["env"])

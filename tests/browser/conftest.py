@@ -25,7 +25,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def _missing(what: str) -> None:
     msg = (f"BROWSER TEST NOT RUN: {what}. Install Debian's Chromium with "
-           "`sudo apt-get install -y chromium fonts-noto-cjk` (or `make install` as root), "
+           "`sudo apt-get install -y chromium fonts-noto-cjk` (or `make install-test` as root, which `make test` runs), "
            "or point GPULAB_CHROMIUM at a Chromium binary.")
     if os.environ.get("GPULAB_REQUIRE_BROWSER") == "1":
         pytest.fail(msg + " (GPULAB_REQUIRE_BROWSER=1: a missing browser is an error)", pytrace=False)

@@ -253,6 +253,7 @@ def test_undo_gpu_stack_puts_back_what_the_lesson_changed(tmp_path, monkeypatch)
     import yaml as yamlmod
 
     from gpulab.fakegpu import faults, operator
+    from gpulab.grading import gpustack
 
     manifests = tmp_path / "manifests"
     (manifests / "04-sharing").mkdir(parents=True)
@@ -289,7 +290,9 @@ def test_undo_gpu_stack_puts_back_what_the_lesson_changed(tmp_path, monkeypatch)
 
     assert faults.load(lab.cluster.root, "gpu-node-1").faults == ()
     assert ("delete", "ConfigMap", "ts", "gpu-operator") in kube.calls
-    assert ("PUT", "ClusterPolicy/cluster-policy", installed) in kube.calls
+    # A merge patch to the installed spec, never a GET-then-PUT (which races the operator's status writes).
+    assert ("patch", "ClusterPolicy", "cluster-policy", {"spec": gpustack.merge_patch(changed, installed)}) in kube.calls
+    assert not [c for c in kube.calls if c[0] == "PUT"]
     assert ("patch", "Node", "gpu-node-1", {"metadata": {"labels": {
         "nvidia.com/device-plugin.config": None, "nvidia.com/mig.config": "all-disabled",
         "nvidia.com/mig.config.state": None}}}) in kube.calls

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import stat
 
 import pytest
@@ -20,6 +21,7 @@ def test_missing_go_toolchain_points_at_gpulab_bin_dir(tmp_path, monkeypatch):
     assert "GPULAB_BIN_DIR" in str(err.value)
 
 
+@pytest.mark.skipif(shutil.which("go") is None, reason="needs Go on PATH (GPULAB_BIN_DIR users need no Go)")
 def test_failed_module_download_is_reported(tmp_path, monkeypatch):
     monkeypatch.setenv("GPULAB_CACHE", str(tmp_path / "cache"))
     monkeypatch.delenv("GPULAB_BIN_DIR", raising=False)
@@ -35,21 +37,21 @@ def test_failed_module_download_is_reported(tmp_path, monkeypatch):
 
 def test_bin_dir_must_hold_every_binary(tmp_path, monkeypatch):
     monkeypatch.setenv("GPULAB_BIN_DIR", str(tmp_path))
-    (tmp_path / "etcd").write_text("#!/bin/sh\n")
+    (tmp_path / "etcd").write_text("#!/bin/sh\necho 'etcd Version: 3.6.16'\n")
     (tmp_path / "etcd").chmod(stat.S_IRWXU)
     with pytest.raises(binaries.BinaryError) as err:
         binaries.ensure()
-    assert "lacks kube-apiserver, kube-controller-manager, kube-scheduler, kwok" in str(err.value)
+    for name in ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok"):
+        assert f"  {name}: missing ({tmp_path / name})" in str(err.value)
+    assert "etcd:" not in str(err.value).split("\n", 1)[1].split("It must hold")[0]
 
 
 def test_bin_dir_with_everything_is_used_as_is(tmp_path, monkeypatch):
+    # More cases (versions, permissions, every problem at once) are in test_bin_dir.py.
+    from bin_dir_support import make_bin_dir
+
     monkeypatch.setenv("GPULAB_BIN_DIR", str(tmp_path))
-    for name in binaries.REQUIRED:
-        (tmp_path / name).write_text("#!/bin/sh\n")
-        (tmp_path / name).chmod(stat.S_IRWXU)
-    (tmp_path / "kwok-crds").mkdir()
-    for crd in binaries.KWOK_CRDS:
-        (tmp_path / "kwok-crds" / crd).write_text("{}")
+    make_bin_dir(tmp_path)
     found = binaries.ensure()
     assert found["kube-apiserver"] == tmp_path / "kube-apiserver"
 

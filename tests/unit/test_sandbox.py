@@ -1,0 +1,99 @@
+"""The two pod sandboxes: choosing one, saying why namespaces are missing, running a command in each."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from gpulab.runtime import sandbox
+from gpulab.runtime.shim import ShimHandle
+
+
+def test_the_sandbox_is_namespaces_unless_told(monkeypatch):
+    monkeypatch.delenv(sandbox.SANDBOX_ENV, raising=False)
+    assert sandbox.kind() == "namespaces"
+    monkeypatch.setenv(sandbox.SANDBOX_ENV, "process")
+    assert sandbox.kind() == "process"
+    monkeypatch.setenv(sandbox.SANDBOX_ENV, "chroot")
+    with pytest.raises(sandbox.SandboxUnavailable, match=r"GPULAB_SANDBOX='chroot'.*allowed: namespaces.*process"):
+        sandbox.kind()
+
+
+@pytest.mark.parametrize("files, env, remedy", [
+    ({"/proc/sys/kernel/unprivileged_userns_clone": "0"}, {}, "sysctl -w kernel.unprivileged_userns_clone=1"),
+    ({"/proc/sys/user/max_user_namespaces": "0"}, {}, "sysctl -w user.max_user_namespaces="),
+    ({"/proc/sys/kernel/apparmor_restrict_unprivileged_userns": "1"}, {},
+     "sysctl -w kernel.apparmor_restrict_unprivileged_userns=0"),
+    ({"/.dockerenv": ""}, {}, "--security-opt seccomp=unconfined"),
+    ({}, {"KUBERNETES_SERVICE_HOST": "10.0.0.1"}, "seccompProfile: {type: Unconfined}"),
+])
+def test_missing_namespaces_come_with_the_remedy_for_the_case(files, env, remedy):
+    text = sandbox.diagnose("unshare: unshare failed: Operation not permitted", read=files.get, env=env)
+    assert "Operation not permitted" in text
+    assert remedy in text
+    assert "GPULAB_SANDBOX=process" in text  # the weaker way out is always named, never taken silently
+
+
+@pytest.fixture
+def tmp_path():
+    # As root, containers run as nobody: their files must be reachable from /, which
+    # pytest's own tmp_path (under a private directory) is not.
+    path = Path(tempfile.mkdtemp(prefix="gl-sandbox-", dir="/tmp"))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _run(tmp_path, monkeypatch, kind: str, argv: list[str], devices=()) -> tuple[int, str]:
+    monkeypatch.setenv(sandbox.SANDBOX_ENV, kind)
+    data = tmp_path / "data"
+    data.mkdir(mode=0o777)
+    data.chmod(0o777)
+    (data / "in.txt").write_text("from the volume\n")
+    spec = sandbox.SandboxSpec(argv=argv, env={"PATH": sandbox.DEFAULT_PATH}, rootfs=tmp_path / "run" / "rootfs",
+                               memory_bytes=2 << 30, cpu_seconds=60,
+                               mounts=[sandbox.Mount(str(data), "/ckpt")], devices=list(devices))
+    handle = ShimHandle.start(spec, tmp_path / "run", tmp_path / "log")
+    status = handle.wait(30)
+    assert status is not None
+    text = subprocess.run(["cat", str(tmp_path / "log")], capture_output=True, text=True).stdout
+    return status["returncode"], " ".join(line.split(" ", 3)[3] for line in text.splitlines())
+
+
+@pytest.mark.skipif(shutil.which("proot") is None, reason="proot is not installed (apt-get install proot)")
+def test_the_process_sandbox_places_volumes_and_starts_in_a_private_directory(tmp_path, monkeypatch):
+    card = tmp_path / "nvidia0"
+    card.touch()
+    card.chmod(0o666)
+    rc, out = _run(tmp_path, monkeypatch, "process",
+                   ["sh", "-c", "cat /ckpt/in.txt; ls /ckpt/*.txt; ls /dev/nvidia*; echo ok > /ckpt/out; pwd"],
+                   devices=[sandbox.Mount(str(card), "/dev/nvidia0")])
+    assert rc == 0, out
+    assert "from the volume /ckpt/in.txt /dev/nvidia0" in out  # listed too, not only opened
+    assert (tmp_path / "data" / "out").read_text() == "ok\n"
+    assert out.endswith(str(tmp_path / "run" / "work"))
+    spec = json.loads((tmp_path / "run" / "sandbox.json").read_text())
+    assert spec["sandbox"] == "process"
+
+
+@pytest.mark.skipif(shutil.which("proot") is None, reason="proot is not installed (apt-get install proot)")
+def test_a_missing_command_fails_as_under_a_container_runtime(tmp_path, monkeypatch):
+    rc, out = _run(tmp_path, monkeypatch, "process", ["no-such-program"])
+    assert (rc, out) == (127, 'exec: "no-such-program": executable file not found in $PATH')
+
+
+def test_the_namespace_sandbox_has_no_network(tmp_path, monkeypatch):
+    try:
+        sandbox.check()
+    except sandbox.SandboxUnavailable as e:
+        pytest.skip(str(e))
+    rc, out = _run(tmp_path, monkeypatch, "namespaces",
+                   ["sh", "-c", "cat /ckpt/in.txt; grep -c : /proc/net/dev"])
+    assert rc == 0, out
+    assert "from the volume" in out
+    assert out.split()[-1] == "1"  # only a down loopback: nothing to reach
