@@ -27,6 +27,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
+from . import _proc
+
 try:  # POSIX
     import fcntl
 except ImportError:  # pragma: no cover - Windows
@@ -125,18 +127,6 @@ def _this_command() -> str:
     return text if len(text) <= 100 else text[:97] + "..."
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    except OSError:
-        return False
-    return True
-
-
 def _flock_owner(lock_path: Path) -> int | None:
     """The pid /proc/locks names for a flock on ``lock_path`` (Linux), else None.
 
@@ -175,7 +165,7 @@ def lock_holder(lock_path: str | os.PathLike[str]) -> str:
         pid = int(info["pid"])
     except (OSError, ValueError, KeyError, TypeError):
         info, pid = None, None
-    if info is not None and pid is not None and _pid_alive(pid) and owner in (None, pid):
+    if info is not None and pid is not None and _proc.alive(pid) and owner in (None, pid):
         what = ": ".join(str(x) for x in (info.get("command"), info.get("purpose")) if x)
         return f"pid {pid} ({what})" if what else f"pid {pid}"
     if owner is not None:

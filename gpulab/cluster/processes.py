@@ -21,6 +21,8 @@ import urllib.request
 from pathlib import Path
 from typing import Callable
 
+from .. import _proc
+
 
 @dataclasses.dataclass
 class Component:
@@ -188,18 +190,7 @@ def _signal_group(pid: int, sig: int) -> None:
 
 
 def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        # A zombie still answers kill(0); it is not running.
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        return state != "Z"
-    except (OSError, IndexError):
-        return False
+    return _proc.alive(pid)
 
 
 def _reap(pid: int) -> None:

@@ -32,6 +32,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpulab import _proc
 from gpulab._fsutil import atomic_write_json, locked
 
 VERSION = 1
@@ -48,8 +49,6 @@ CHANGES = {
 }
 ALWAYS = ("nodes", "priority-classes")
 
-# A process's start time as psutil reports it is exact to the clock tick; anything within this is the same process.
-_START_SLACK = 1.0
 
 
 class JournalError(RuntimeError):
@@ -104,9 +103,7 @@ class Owner:
 
     @classmethod
     def current(cls) -> Owner:
-        import psutil
-
-        return cls(os.getpid(), psutil.Process().create_time(), _command(), socket.gethostname())
+        return cls(os.getpid(), _proc.started(os.getpid()) or 0.0, _command(), socket.gethostname())
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Owner:
@@ -119,19 +116,9 @@ class Owner:
 
     def alive(self) -> bool:
         """The process still runs: its pid exists, is not a zombie, and started when the owner did."""
-        import psutil
-
         if not self.here():
             return True  # nothing to check it with: a journal of another host is left alone
-        try:
-            proc = psutil.Process(self.pid)
-            if proc.status() == psutil.STATUS_ZOMBIE:  # killed, not yet reaped by its parent
-                return False
-            return abs(proc.create_time() - self.started) < _START_SLACK
-        except psutil.NoSuchProcess:
-            return False
-        except psutil.AccessDenied:  # another user's process with this pid: not ours, unless it started with us
-            return True
+        return _proc.alive(self.pid, self.started)
 
     def describe(self) -> str:
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.started))

@@ -14,8 +14,8 @@ writes its exit status. Files in ``RUN_DIR``:
 
 - ``shim.json``: ``{"shim_pid", "shim_start", "pid", "started_at"}``, written
   once the process runs (``pid`` is the sandbox's, the leader of its own
-  process group; ``shim_start`` the shim's start time in clock ticks, so a
-  reused pid is never mistaken for the shim);
+  process group; ``shim_start`` the shim's start time, so a reused pid is
+  never mistaken for the shim, see :mod:`gpulab._proc`);
 - ``exit.json``: ``{"returncode", "finished_at"}`` (``returncode`` as
   :attr:`subprocess.Popen.returncode`: negative for a signal);
 - ``stop-reason``: written by the agent before it stops the process on
@@ -38,6 +38,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from .. import _proc
 from .._fsutil import atomic_write_json
 from . import logs, sandbox
 
@@ -47,19 +48,6 @@ STOP_REASON_FILE = "stop-reason"
 SPEC_FILE = "sandbox.json"
 # How long the agent waits for a new shim to report its process.
 START_TIMEOUT = 15.0
-
-
-def _start_ticks(pid: int) -> int | None:
-    """The process's start time in clock ticks since boot, or None if it is gone (or a zombie)."""
-    try:
-        raw = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    # The command name (field 2) may hold spaces and parentheses: split after its last ')'.
-    fields = raw[raw.rfind(")") + 2:].split()
-    if fields[0] in ("Z", "X"):
-        return None
-    return int(fields[19])
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:
@@ -124,7 +112,7 @@ class ShimHandle:
     def shim_alive(self) -> bool:
         if self._popen is not None:
             return self._popen.poll() is None
-        return self.shim_pid is not None and _start_ticks(self.shim_pid) == self.shim_start
+        return self.shim_pid is not None and _proc.alive(self.shim_pid, self.shim_start)
 
     def exit_status(self) -> dict[str, Any] | None:
         """``{"returncode", "finished_at"}`` once the process ended, else None."""
@@ -219,7 +207,7 @@ def main(argv: list[str]) -> int:
     assert proc.stdout is not None and proc.stderr is not None
     pumps = [writer.pump(proc.stdout, "stdout"), writer.pump(proc.stderr, "stderr")]
     atomic_write_json(run_dir / SHIM_FILE, {
-        "shim_pid": os.getpid(), "shim_start": _start_ticks(os.getpid()),
+        "shim_pid": os.getpid(), "shim_start": _proc.started(os.getpid()),
         "pid": proc.pid, "started_at": time.time(),
     })
     rc = proc.wait()
