@@ -29,6 +29,8 @@ import json
 import logging
 import os
 import re
+import shutil
+import tempfile
 import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -67,6 +69,39 @@ def _resource_requests(container: dict[str, Any]) -> dict[str, int]:
             except ValueError:
                 continue  # the apiserver only admits integers for extended resources
     return out
+
+
+# A unix socket's path may not exceed 107 bytes; the longest socket a node gets is a MIG
+# resource's (nvidia-mig-7g.141gb.sock), plus room for longer profile names.
+_SOCKET_NAME_ROOM = 40
+_SUN_PATH_MAX = 107
+
+
+def socket_dir(path: Path) -> Path:
+    """The node's device-plugin directory, where its sockets can be bound.
+
+    Under a long ``GPULAB_HOME`` (a home directory such as
+    /home/first.last/.gpulab) the node's ``/var/lib/kubelet/device-plugins``
+    is too deep for unix socket paths. Then the directory lives under a short
+    per-user runtime directory and the node's path is a symlink to it, so
+    hostPath volumes still find it; everything that binds or dials a socket
+    uses the short real path.
+    """
+    if path.is_symlink():
+        return path.resolve()
+    if len(str(path.absolute())) + 1 + _SOCKET_NAME_ROOM <= _SUN_PATH_MAX:
+        return path
+    base = Path(os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()) / f"gpulab-{os.getuid()}"
+    short = base / hashlib.sha256(str(path.absolute()).encode()).hexdigest()[:12]
+    short.mkdir(parents=True, exist_ok=True)
+    base.chmod(0o700)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.is_dir():  # made before: keep what it holds (the device manager's checkpoint)
+        for entry in path.iterdir():
+            shutil.move(str(entry), str(short / entry.name))
+        path.rmdir()
+    path.symlink_to(short, target_is_directory=True)
+    return short
 
 
 def host_state_path(cluster_dir: Path, node: str) -> Path:
@@ -128,7 +163,7 @@ class GpuNode:
         root = self.cluster_dir / "nodes" / spec.name
         self.host = root / "host"
         self.gpu_dir = root / "gpu"
-        self.plugin_dir = self.host / DEVICE_PLUGIN_DIR
+        self.plugin_dir = socket_dir(self.host / DEVICE_PLUGIN_DIR)
         self.nvidia_smi = self.host / "usr" / "bin" / "nvidia-smi"
         self.dev_root = self.host / "dev"
         self.smi_state_path = host_state_path(self.cluster_dir, spec.name)

@@ -303,6 +303,10 @@ class DevicePluginMain:
             out.info("No devices found. Waiting indefinitely.")
             return None
         plugin_dir = host_path(self.ctx, DEVICE_PLUGIN_PATH.rstrip("/"))
+        if plugin_dir is not None:
+            # The real directory: under a long GPULAB_HOME the node's path is a symlink to a
+            # short one, and socket paths must stay under 108 bytes (see node.socket_dir).
+            plugin_dir = plugin_dir.resolve()
         if plugin_dir is None:
             out.error(f"error starting plugins: the container must mount the host's {DEVICE_PLUGIN_PATH} "
                       "(a hostPath volume), where the kubelet's socket is")

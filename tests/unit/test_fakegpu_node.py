@@ -353,3 +353,24 @@ def test_a_pods_own_utilisation_wins_and_idle_holders_start_computing(node, plug
     assert util == {"fixed": 10, "plain": 70}
     procs = [proc["name"] for g in node.state()["gpus"] for proc in g["processes"]]
     assert sorted(procs) == ["python3", "python3"]
+
+
+def test_a_deep_node_directory_gets_short_socket_paths(tmp_path, monkeypatch):
+    import shutil
+    import tempfile
+
+    from gpulab.fakegpu.node import socket_dir
+
+    run = tempfile.mkdtemp(dir="/tmp")  # as short as /run/user/1000
+    monkeypatch.setenv("XDG_RUNTIME_DIR", run)
+    shallow = tmp_path / "n" / "dp"
+    assert socket_dir(shallow) == shallow
+    deep = tmp_path / ("x" * 80) / "var" / "lib" / "kubelet" / "device-plugins"
+    deep.mkdir(parents=True)
+    (deep / "kubelet_internal_checkpoint").write_text("{}")
+    short = socket_dir(deep)
+    assert len(str(short / "nvidia-mig-7g.141gb.sock")) < 108
+    assert deep.is_symlink() and deep.resolve() == short
+    assert (deep / "kubelet_internal_checkpoint").read_text() == "{}"  # kept, now behind the link
+    assert socket_dir(deep) == short  # the next start finds the same directory
+    shutil.rmtree(run)
