@@ -15,7 +15,8 @@
 #   make labs       regenerate labs/ from solutions/ (a test fails when they drift)
 #   make grade LAB=03 SUBMISSIONS=dir [HIDDEN=dir] [OUT=dir] [LEARNER="a b"]   grade a class (or some
 #                   learners) into a gradebook; other learners' rows already in OUT's gradebook stay
-#   make bench      benchmarks; results go into BENCHMARKS.md by hand
+#   make bench      benchmarks; results go into BENCHMARKS.md by hand (make bench-soak: SIGKILL every
+#                   component 20 times on a fresh cluster, check nothing is lost)
 #   make down       stop the cluster (state kept);  make purge  deletes it
 
 SHELL := /bin/bash
@@ -36,7 +37,7 @@ CHECK_BACKEND = @case "$(BACKEND)" in embedded) ;; \
 
 .PHONY: help install install-test build up down purge reset status lab test test-unit test-cluster test-notebooks \
         test-learner test-learner-process \
-        notebooks labs grade bench bench-grading clean
+        notebooks labs grade bench bench-grading bench-soak clean
 
 help:
 	@sed -n 's/^#   //p' Makefile
@@ -151,6 +152,9 @@ grade: up
 
 bench: build
 	$(BIN)/python bench/cluster_bench.py
+
+bench-soak: build
+	$(BIN)/python bench/crash_soak.py --fresh
 
 bench-grading: build
 	$(BIN)/python bench/grading_bench.py --reset-compare
