@@ -330,6 +330,9 @@ class EmbeddedCluster(StateDir):
         if orphans:
             say(f"stopped {orphans} container(s) left running by a node agent that died")
         if purge:
+            from ..fakegpu.node import remove_socket_dirs
+
+            remove_socket_dirs(self.root)
             shutil.rmtree(self.root, ignore_errors=True)
             return f"cluster stopped and deleted ({self.root})"
         if not stopped:

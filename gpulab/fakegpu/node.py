@@ -94,7 +94,10 @@ def socket_dir(path: Path) -> Path:
     base = Path(os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()) / f"gpulab-{os.getuid()}"
     short = base / hashlib.sha256(str(path.absolute()).encode()).hexdigest()[:12]
     short.mkdir(parents=True, exist_ok=True)
-    base.chmod(0o700)
+    # Search only for others: pod processes (nobody, when gpulab runs as root) read the
+    # nvidia-smi state kept in there, as they do under the node's own directory.
+    base.chmod(0o711)
+    short.chmod(0o755)
     path.parent.mkdir(parents=True, exist_ok=True)
     if path.is_dir():  # made before: keep what it holds (the device manager's checkpoint)
         for entry in path.iterdir():
@@ -102,6 +105,13 @@ def socket_dir(path: Path) -> Path:
         path.rmdir()
     path.symlink_to(short, target_is_directory=True)
     return short
+
+
+def remove_socket_dirs(cluster_dir: Path) -> None:
+    """Delete the short directories :func:`socket_dir` made for a cluster that is being purged."""
+    for link in Path(cluster_dir).glob(f"nodes/*/host/{DEVICE_PLUGIN_DIR}"):
+        if link.is_symlink():
+            shutil.rmtree(link.resolve(), ignore_errors=True)
 
 
 def host_state_path(cluster_dir: Path, node: str) -> Path:

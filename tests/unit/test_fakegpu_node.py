@@ -365,7 +365,8 @@ def test_a_deep_node_directory_gets_short_socket_paths(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_RUNTIME_DIR", run)
     shallow = tmp_path / "n" / "dp"
     assert socket_dir(shallow) == shallow
-    deep = tmp_path / ("x" * 80) / "var" / "lib" / "kubelet" / "device-plugins"
+    cluster = tmp_path / ("x" * 60) / "cluster"
+    deep = cluster / "nodes" / "gpu-node-1" / "host" / "var" / "lib" / "kubelet" / "device-plugins"
     deep.mkdir(parents=True)
     (deep / "kubelet_internal_checkpoint").write_text("{}")
     short = socket_dir(deep)
@@ -373,4 +374,10 @@ def test_a_deep_node_directory_gets_short_socket_paths(tmp_path, monkeypatch):
     assert deep.is_symlink() and deep.resolve() == short
     assert (deep / "kubelet_internal_checkpoint").read_text() == "{}"  # kept, now behind the link
     assert socket_dir(deep) == short  # the next start finds the same directory
+    import os
+    assert oct(os.stat(short.parent).st_mode & 0o777) == "0o711"  # pods (nobody) pass through, not list
+    from gpulab.fakegpu.node import remove_socket_dirs
+
+    remove_socket_dirs(cluster)  # gpulab down --purge
+    assert not short.exists()
     shutil.rmtree(run)
