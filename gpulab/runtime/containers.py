@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from . import logs, programs, sandbox
-from .shim import ShimError, ShimHandle
+from .shim import ShimHandle
 
 LOAD_ANNOTATION = "gpulab.io/model-load-seconds"
 # A container may not run longer than this on a 2-core teaching machine;
@@ -150,7 +150,7 @@ class Container:
         self.ready = False
         self.started = "startupProbe" not in self.spec
         if self.factory is not None and program_ctx is not None:
-            self._run_program(program_ctx)
+            self.run_program(program_ctx)
             return
         if self.simulated:
             self.log = logs.LogWriter(self.log_path())
@@ -165,14 +165,11 @@ class Container:
         )
         # The shim, not this process, owns the container's process and its log:
         # both outlive a restart of the node agent, as under a real kubelet.
-        try:
-            self.shim = ShimHandle.start(spec, run_dir, self.log_path())
-        except ShimError:
-            self.state = "waiting"
-            raise
+        self.shim = ShimHandle.start(spec, run_dir, self.log_path())  # ShimError: the pod worker retries
         self.started_at = self.shim.started_at or self.started_at
 
-    def _run_program(self, program_ctx: programs.ProgramContext) -> None:
+    def run_program(self, program_ctx: programs.ProgramContext) -> None:
+        """Run the container's built-in program (at start, or again after a node-agent restart)."""
         self.log = logs.LogWriter(self.log_path())
         writer = self.log
         program_ctx.log = lambda stream, text: writer.write_line(stream, text.encode(errors="replace"))
@@ -186,7 +183,7 @@ class Container:
 
         Simulated containers have no process and simply carry on. A process
         is found through its shim; a built-in program (a thread of the agent
-        that died) is resumed by :meth:`resume_program` once the pod's
+        that died) is resumed by :meth:`run_program` once the pod's
         volumes are ready, without counting a restart: on a real node the
         container never stopped.
         """
@@ -214,9 +211,6 @@ class Container:
     @property
     def needs_resume(self) -> bool:
         return self.state == "running" and self.factory is not None and self.program is None
-
-    def resume_program(self, program_ctx: programs.ProgramContext) -> None:
-        self._run_program(program_ctx)
 
     # -- watching --------------------------------------------------------------------
 

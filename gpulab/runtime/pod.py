@@ -387,10 +387,9 @@ class PodWorker(threading.Thread):
         try:
             env = self._env(c)
             env.update(self.agent.devices.prepare(self.pod, c.spec).env)
-            c.resume_program(self._program_context(c, env))
+            c.run_program(self._program_context(c, env))
         except Exception as e:  # the program cannot come back: the container ends, its policy decides
             log.warning("cannot resume %s in %s/%s: %s", c.name, self.key[0], self.key[1], e)
-            c.kill_reason = ("Error", LOST)
             c.stop(grace=0, reason=("Error", LOST))
 
     def _schedule_restart(self, c: Container, now: float) -> None:

@@ -187,43 +187,39 @@ def _deny_statx() -> None:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_SECCOMP)")
 
 
+def _enter(spec: dict) -> None:
+    """The namespaces sandbox: the container's root, hostname, working directory and user."""
+    build_root(spec)
+    if spec.get("hostname"):
+        _libc.sethostname(spec["hostname"].encode(), len(spec["hostname"]))
+    os.chroot(spec["rootfs"])
+    os.chdir("/")
+    workdir = spec.get("workdir") or "/"
+    uid, gid = spec.get("uid"), spec.get("gid")
+    if not os.path.isdir(workdir):
+        # A runtime creates a missing workingDir, owned by the container's user.
+        os.makedirs(workdir)
+        if uid is not None:
+            os.chown(workdir, uid, gid if gid is not None else uid)
+    os.chdir(workdir)
+    if os.getuid() == 0 and uid is not None:
+        os.setgroups([])
+        os.setgid(gid if gid is not None else uid)
+        os.setuid(uid)
+
+
 def main(argv: list[str]) -> int:
     with open(argv[1]) as f:
         spec = json.load(f)
-    if spec.get("sandbox") == "process":
-        # The weaker sandbox (see gpulab.runtime.sandbox): proot placed the mounts and the working
-        # directory, setpriv the user; here only limits, and the same exec as a runtime's.
-        try:
-            _libc.prctl(1, 9)  # PR_SET_PDEATHSIG, SIGKILL: die with proot, and so with the shim
-            _deny_statx()
-            set_limits(spec)
-            os.nice(spec.get("nice", 5))
-        except OSError as e:
-            print(f"gpulab sandbox: cannot set up the container: {e}", file=sys.stderr)
-            return 128
-        return _exec(spec)
     try:
-        build_root(spec)
-        if spec.get("hostname"):
-            _libc.sethostname(spec["hostname"].encode(), len(spec["hostname"]))
-        root = spec["rootfs"]
-        os.chroot(root)
-        os.chdir("/")
-        workdir = spec.get("workdir") or "/"
-        uid, gid = spec.get("uid"), spec.get("gid")
-        if not os.path.isdir(workdir):
-            # A runtime creates a missing workingDir, owned by the container's user.
-            os.makedirs(workdir)
-            if uid is not None:
-                os.chown(workdir, uid, gid if gid is not None else uid)
-        os.chdir(workdir)
-        if os.getuid() == 0 and uid is not None:
-            os.setgroups([])
-            os.setgid(gid if gid is not None else uid)
-            os.setuid(uid)
-        # Changing credentials cleared the parent-death signal `unshare
-        # --kill-child` set; set it again so the container dies with its
-        # unshare (and so with its shim).
+        if spec.get("sandbox") == "process":
+            # The weaker sandbox (see gpulab.runtime.sandbox): proot placed the mounts and the
+            # working directory, setpriv the user; only statx needs turning off here.
+            _deny_statx()
+        else:
+            _enter(spec)
+        # Changing credentials cleared the parent-death signal `unshare --kill-child` set;
+        # set it again so the container dies with its unshare or proot (and so with its shim).
         _libc.prctl(1, 9)  # PR_SET_PDEATHSIG, SIGKILL
         if os.getppid() == 1:
             return 137

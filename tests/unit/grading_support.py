@@ -1,7 +1,8 @@
-"""Builders for the small notebooks the grading tests execute or transform."""
+"""Builders for the small notebooks the grading tests execute or transform; a fake API client."""
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -34,3 +35,51 @@ def markdown(text: str, tags: list[str] | None = None) -> nbformat.NotebookNode:
 
 def code(text: str, tags: list[str] | None = None) -> nbformat.NotebookNode:
     return new_code_cell(text, metadata={"tags": tags} if tags else {})
+
+
+class FakeClient:
+    """Just enough of :class:`gpulab.cluster.api.Client` for the grading code: objects in a dict;
+    patches merge as the apiserver's JSON merge patch (RFC 7386) does. There is no PUT."""
+
+    def __init__(self, objects=()):
+        self.store = {(o["kind"], o["metadata"].get("namespace"), o["metadata"]["name"]): copy.deepcopy(o)
+                      for o in objects}
+        self.calls = []
+
+    def list(self, kind, namespace=None, label_selector=None, field_selector=None):
+        key, _, value = (label_selector or "").partition("=")
+        return [copy.deepcopy(o) for (k, ns, _), o in sorted(self.store.items(), key=lambda i: str(i[0]))
+                if k == kind and (namespace is None or ns == namespace)
+                and (not key or (o["metadata"].get("labels") or {}).get(key) == value)]
+
+    def get(self, kind, name, namespace=None):
+        obj = self.store.get((kind, namespace, name))
+        return copy.deepcopy(obj) if obj else None
+
+    def create(self, obj):
+        self.calls.append(("create", obj["kind"], obj["metadata"]["name"]))
+        self.store[(obj["kind"], obj["metadata"].get("namespace"), obj["metadata"]["name"])] = copy.deepcopy(obj)
+        return obj
+
+    def delete(self, kind, name, namespace=None, **_):
+        self.calls.append(("delete", kind, name))
+        return self.store.pop((kind, namespace, name), None) is not None
+
+    def patch(self, kind, name, patch, namespace=None, **_):
+        self.calls.append(("patch", kind, name, copy.deepcopy(patch)))
+        obj = self.store[(kind, namespace, name)]
+        apply_merge_patch(obj, patch)
+        return obj
+
+
+def apply_merge_patch(target, patch):
+    for key, value in patch.items():
+        if value is None:
+            target.pop(key, None)
+        elif isinstance(value, dict) and isinstance(target.get(key), dict):
+            apply_merge_patch(target[key], value)
+        elif isinstance(value, dict):
+            target[key] = {}
+            apply_merge_patch(target[key], value)
+        else:
+            target[key] = copy.deepcopy(value)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import types
 
 import pytest
@@ -23,51 +22,7 @@ from gpulab.grading.cluster import (
     load_lab_spec,
     normalize,
 )
-
-
-class FakeClient:
-    """Just enough of :class:`gpulab.cluster.api.Client` for the grading code: objects in a dict."""
-
-    def __init__(self, objects):
-        self.store = {(o["kind"], o["metadata"].get("namespace"), o["metadata"]["name"]): copy.deepcopy(o)
-                      for o in objects}
-        self.calls = []
-
-    def list(self, kind, namespace=None, label_selector=None, field_selector=None):
-        key, _, value = (label_selector or "").partition("=")
-        return [copy.deepcopy(o) for (k, ns, _), o in sorted(self.store.items())
-                if k == kind and (namespace is None or ns == namespace)
-                and (not key or (o["metadata"].get("labels") or {}).get(key) == value)]
-
-    def get(self, kind, name, namespace=None):
-        obj = self.store.get((kind, namespace, name))
-        return copy.deepcopy(obj) if obj else None
-
-    def create(self, obj):
-        self.calls.append(("create", obj["kind"], obj["metadata"]["name"]))
-        self.store[(obj["kind"], obj["metadata"].get("namespace"), obj["metadata"]["name"])] = copy.deepcopy(obj)
-        return obj
-
-    def delete(self, kind, name, namespace=None, **_):
-        self.calls.append(("delete", kind, name))
-        return self.store.pop((kind, namespace, name), None) is not None
-
-    def patch(self, kind, name, patch, namespace=None, **_):
-        self.calls.append(("patch", kind, name, copy.deepcopy(patch)))
-        obj = self.store[(kind, namespace, name)]
-        _merge(obj, patch)
-        return obj
-
-
-def _merge(target, patch):
-    """RFC 7386 JSON merge patch, as the apiserver applies it."""
-    for key, value in patch.items():
-        if value is None:
-            target.pop(key, None)
-        elif isinstance(value, dict):
-            _merge(target.setdefault(key, {}), value)
-        else:
-            target[key] = value
+from grading_support import FakeClient
 
 
 def node(name, labels=None, taints=None, gpus=None, annotations=None):

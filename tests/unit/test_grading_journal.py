@@ -15,53 +15,7 @@ from gpulab.fakegpu import faults
 from gpulab.grading import gpustack, journal
 from gpulab.grading.cluster import ClusterSandbox, ClusterState, LabSpec, load_lab_spec, restore_journal
 from gpulab.grading.journal import Journal, JournalError, Owner, Restored
-
-
-class FakeClient:
-    """Objects in a dict; patches merge as the apiserver's JSON merge patch does. There is no PUT."""
-
-    def __init__(self, objects=()):
-        self.store = {(o["kind"], o["metadata"].get("namespace"), o["metadata"]["name"]): copy.deepcopy(o)
-                      for o in objects}
-        self.calls = []
-
-    def list(self, kind, namespace=None, label_selector=None, field_selector=None):
-        key, _, value = (label_selector or "").partition("=")
-        return [copy.deepcopy(o) for (k, ns, _), o in sorted(self.store.items(), key=lambda i: str(i[0]))
-                if k == kind and (namespace is None or ns == namespace)
-                and (not key or (o["metadata"].get("labels") or {}).get(key) == value)]
-
-    def get(self, kind, name, namespace=None):
-        obj = self.store.get((kind, namespace, name))
-        return copy.deepcopy(obj) if obj else None
-
-    def create(self, obj):
-        self.calls.append(("create", obj["kind"], obj["metadata"]["name"]))
-        self.store[(obj["kind"], obj["metadata"].get("namespace"), obj["metadata"]["name"])] = copy.deepcopy(obj)
-        return obj
-
-    def delete(self, kind, name, namespace=None, **_):
-        self.calls.append(("delete", kind, name))
-        return self.store.pop((kind, namespace, name), None) is not None
-
-    def patch(self, kind, name, patch, namespace=None, **_):
-        self.calls.append(("patch", kind, name, copy.deepcopy(patch)))
-        obj = self.store[(kind, namespace, name)]
-        _merge(obj, patch)
-        return obj
-
-
-def _merge(target, patch):
-    for key, value in patch.items():
-        if value is None:
-            target.pop(key, None)
-        elif isinstance(value, dict) and isinstance(target.get(key), dict):
-            _merge(target[key], value)
-        elif isinstance(value, dict):
-            target[key] = {}
-            _merge(target[key], value)
-        else:
-            target[key] = copy.deepcopy(value)
+from grading_support import FakeClient, apply_merge_patch
 
 
 TAINT = {"key": "nvidia.com/gpu", "value": "true", "effect": "NoSchedule"}
@@ -324,7 +278,7 @@ def test_merge_patch_turns_one_spec_into_another():
     assert patch == {"devicePlugin": {"config": {"name": None, "default": None}}, "mig": {"strategy": "single"},
                      "extra": None}
     merged = copy.deepcopy(have)
-    _merge(merged, patch)
+    apply_merge_patch(merged, patch)
     assert merged == want
     assert gpustack.merge_patch(want, want) == {}
 
