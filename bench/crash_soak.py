@@ -47,7 +47,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from gpulab import paths  # noqa: E402
-from gpulab.cluster import api  # noqa: E402
+from gpulab.kube import api
 from gpulab.cluster.embedded import COMPONENTS, EmbeddedCluster  # noqa: E402
 from gpulab.grading import gpustack  # noqa: E402
 

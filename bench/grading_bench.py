@@ -145,7 +145,7 @@ def bench_batch(cluster, lab: str, n: int, work: Path, jail: bool) -> None:
 
 
 def bench_reset(cluster) -> None:
-    from gpulab.cluster import api
+    from gpulab.kube import api
 
     client = api.Client(cluster.kubeconfig)
     state = ClusterState.capture(client)

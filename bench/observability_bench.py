@@ -32,7 +32,7 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from gpulab.cluster import api  # noqa: E402
+from gpulab.kube import api
 from gpulab.cluster.embedded import EmbeddedCluster  # noqa: E402
 from gpulab.fakegpu import load, monitoring  # noqa: E402
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import click
 
 from . import paths, versions
+from .cluster import backend
 
 
 def _fail(msg: str, code: int = 1) -> None:
@@ -24,8 +25,6 @@ def _fail(msg: str, code: int = 1) -> None:
 
 def _cluster():
     """The cluster of the backend chosen with `gpulab up --backend` (embedded until then)."""
-    from .cluster import backend
-
     try:
         return backend.current()
     except backend.BackendError as e:
@@ -34,8 +33,6 @@ def _cluster():
 
 def _embedded_only(what: str) -> None:
     """Fail for commands that read the embedded backend's simulated hosts."""
-    from .cluster import backend
-
     if backend.chosen() != "embedded":
         _fail(f"{what} works on the embedded backend only (its GPUs' state lives on the simulated hosts); "
               f"this GPULAB_HOME uses the {backend.chosen()} backend")
@@ -70,7 +67,7 @@ def _topology_failed(e) -> None:
 
 def _check_topology(path: Path | None) -> None:
     """Validate ``--topology FILE`` before anything is started, stopped or written."""
-    from .cluster.topology import TopologyError, load
+    from .kube.topology import TopologyError, load
 
     if path is not None:
         try:
@@ -87,11 +84,10 @@ def _check_topology(path: Path | None) -> None:
               help="embedded (default: local processes, no Docker) or kind (Docker); remembered in GPULAB_HOME.")
 def up(topology: Path | None, timeout: float, backend_name: str | None) -> None:
     """Start the cluster (or the parts of it that are down) and wait until nodes are Ready."""
-    from .cluster import backend
     from .cluster.binaries import BinaryError
     from .cluster.embedded import ClusterError
     from .cluster.kind import KindError
-    from .cluster.topology import TopologyError
+    from .kube.topology import TopologyError
 
     _check_topology(topology)
     if backend_name and backend_name != backend.chosen() and _cluster().exists():
@@ -114,7 +110,6 @@ def up(topology: Path | None, timeout: float, backend_name: str | None) -> None:
 @click.option("--purge", is_flag=True, help="Also delete the cluster's state (objects, volumes, certificates).")
 def down(purge: bool) -> None:
     """Stop every process gpulab started (kind: delete the kind cluster). State is kept unless --purge."""
-    from .cluster import backend
     from .cluster.kind import KindError
 
     try:
@@ -133,7 +128,7 @@ def reset(topology: Path | None) -> None:
     from .cluster.binaries import BinaryError
     from .cluster.embedded import ClusterError
     from .cluster.kind import KindError
-    from .cluster.topology import TopologyError
+    from .kube.topology import TopologyError
 
     _check_topology(topology)
     try:
@@ -170,14 +165,14 @@ def status(as_json: bool) -> None:
 @main.command()
 def kubeconfig() -> None:
     """Print the path of the cluster's kubeconfig."""
-    click.echo(paths.kubeconfig())
+    click.echo(backend.kubeconfig())
 
 
 @main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def kubectl(args: tuple[str, ...]) -> None:
     """Run kubectl 1.37 against the cluster (e.g. `gpulab kubectl get nodes`)."""
-    env = dict(os.environ, KUBECONFIG=str(paths.kubeconfig()))
+    env = dict(os.environ, KUBECONFIG=str(backend.kubeconfig()))
     exe = _kubectl_path()
     os.execve(exe, [exe, *args], env)
 
@@ -478,9 +473,9 @@ def _api_and_namespace(namespace: str | None):
     """A client for the cluster, and the namespace to use: -n, else the kubeconfig context's, else default."""
     import yaml
 
-    from .cluster import api
+    from .kube import api
 
-    config = Path(os.environ.get("KUBECONFIG") or paths.kubeconfig())
+    config = Path(os.environ.get("KUBECONFIG") or backend.kubeconfig())
     if not config.exists():
         _fail(f"no kubeconfig at {config}: `gpulab up` starts the cluster")
     if namespace is None:
@@ -505,7 +500,7 @@ def load_cmd(target: str, value: str, namespace: str | None) -> None:
     that fix their own utilisation (annotation gpulab.io/gpu-utilization)
     keep it.
     """
-    from .cluster import api
+    from .kube import api
     from .fakegpu import load
 
     try:
@@ -528,7 +523,7 @@ def load_cmd(target: str, value: str, namespace: str | None) -> None:
 @click.option("--node", help="Only this node's exporter.")
 def metrics_cmd(targets: bool, node: str | None) -> None:
     """Scrape every DCGM exporter and print their metrics (Prometheus text format)."""
-    from .cluster import api
+    from .kube import api
     from .fakegpu import monitoring
 
     client, _ = _api_and_namespace(None)
@@ -559,7 +554,7 @@ def metrics_cmd(targets: bool, node: str | None) -> None:
 def report_cmd(since: str, namespace: str | None, out_dir: Path | None, as_json: bool) -> None:
     """GPU usage per namespace and node: GPU-hours allocated vs computing, idle GPUs, quota use."""
     from . import usage
-    from .cluster import api
+    from .kube import api
     from .usage import plots
 
     try:

@@ -68,7 +68,7 @@ from typing import Any
 import yaml
 
 from . import _poll, paths
-from .cluster import api
+from .kube import api
 
 __all__ = [
     # the lesson

@@ -30,13 +30,6 @@ def cluster_dir() -> Path:
     return home() / "cluster"
 
 
-def kubeconfig() -> Path:
-    """The admin kubeconfig of the cluster of the backend chosen with ``gpulab up --backend``."""
-    from .cluster import backend
-
-    return backend.kubeconfig()
-
-
 def repo_root() -> Path:
     """The checkout this package was imported from (manifests, notebooks, labs)."""
     return Path(__file__).resolve().parent.parent

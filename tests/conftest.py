@@ -66,7 +66,7 @@ def cluster(gpulab_home):
 
 @pytest.fixture(scope="session")
 def kube(cluster):
-    from gpulab.cluster.api import Client
+    from gpulab.kube.api import Client
 
     return Client(cluster.kubeconfig)
 

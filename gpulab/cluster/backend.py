@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
 
 from .. import paths
+from .base import Cluster
 
 BACKENDS = ("embedded", "kind")
 DEFAULT = "embedded"
@@ -56,7 +56,7 @@ def forget() -> None:
     _choice_file().unlink(missing_ok=True)
 
 
-def current(name: str | None = None) -> Any:
+def current(name: str | None = None) -> Cluster:
     """The cluster object of ``name`` (default: the chosen backend)."""
     name = _check(name, "backend") if name else chosen()
     if name == "kind":

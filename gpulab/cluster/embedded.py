@@ -27,36 +27,25 @@ import stat
 import sys
 import time
 from pathlib import Path
-from typing import Callable
 
 from .. import paths
 from .._fsutil import hold_lock
+from .base import ClusterError, Say
+from .base import say_to_stderr as _say
+from ..kube.names import NODE_ANNOTATION, POD_CIDR, SERVICE_CIDR
 from ..runtime import sandbox, shim
-from . import binaries, kubeconfig, nodes, pki
+from . import binaries, nodes
+from ..kube import kubeconfig, pki
 from .processes import Component, ProcessTable, StartError, free_port, http_ok, https_ok, port_is_free, who_listens
-from .statedir import StateDir
-from .topology import load as load_topology
+from ..kube.statedir import StateDir
+from ..kube.topology import load as load_topology
 
-Say = Callable[[str], None]
 
 # Start order; stop is the reverse.
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok", "node-agent")
 # "custom-metrics" is served by the custom metrics adapter, a program of the node agent.
 PORTS = ("etcd-client", "etcd-peer", "apiserver", "controller-manager", "scheduler", "kwok", "custom-metrics")
 
-POD_CIDR = "10.244.0.0/16"
-SERVICE_CIDR = "10.96.0.0/16"
-STORAGE_CLASS = "standard"
-PROVISIONER = "gpulab.io/local-path"
-NODE_ANNOTATION = ("kwok.x-k8s.io/node", "fake")
-
-
-class ClusterError(RuntimeError):
-    """Something about the cluster's state stops the command; the message says what to do."""
-
-
-def _say(msg: str) -> None:
-    print(f"gpulab: {msg}", file=sys.stderr, flush=True)
 
 
 class EmbeddedCluster(StateDir):
@@ -298,7 +287,7 @@ class EmbeddedCluster(StateDir):
             ready = self.root / "node-agent.ready"
             ready.unlink(missing_ok=True)
             return Component(name, [
-                sys.executable, "-m", "gpulab.runtime", f"--cluster-dir={self.root}",
+                sys.executable, "-m", "gpulab.cluster.nodeagent", f"--cluster-dir={self.root}",
             ], ready.exists, env=dict(os.environ, PYTHONUNBUFFERED="1"))
         raise KeyError(name)
 

@@ -32,27 +32,28 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import yaml
 
 from .. import paths, versions
 from . import binaries
-from .statedir import StateDir
-from .topology import NodeSpec, Topology
-from .topology import load as load_topology
+from .base import ClusterError, Say
+from .base import say_to_stderr as _say
+from ..kube.names import OPERATOR_NAMESPACE
+from ..kube.statedir import StateDir
+from ..kube.topology import NodeSpec, Topology
+from ..kube.topology import load as load_topology
 
-Say = Callable[[str], None]
 
 KIND_VERSION = versions.KIND
 NODE_IMAGE = versions.KIND_NODE_IMAGE
 DEFAULT_NAME = "gpulab"
 FAKEGPU_IMAGE = "gpulab.local/fakegpu:dev"
 DOCKERFILE = Path("images") / "fakegpu" / "Dockerfile"
-NAMESPACE = "gpu-operator"
+NAMESPACE = OPERATOR_NAMESPACE
 
 #: Node labels telling the fake GPU stack what hardware a kind node "has";
 #: the daemons read them from their Node (a container cannot see PCI devices
@@ -73,12 +74,9 @@ _KUBELET_LABELS = frozenset({
 _KUBELET_NAMESPACES = ("kubelet.kubernetes.io", "node.kubernetes.io")
 
 
-class KindError(RuntimeError):
+class KindError(ClusterError):
     """The kind backend cannot do what was asked; the message says why and what to do."""
 
-
-def _say(msg: str) -> None:
-    print(f"gpulab: {msg}", file=sys.stderr, flush=True)
 
 
 # --------------------------------------------------------------------------
@@ -308,7 +306,7 @@ class KindCluster(StateDir):
             return data
         data["up"] = self.is_up()
         try:
-            from . import api
+            from ..kube import api
 
             for node in api.Client(self.kubeconfig, timeout=10).list("Node"):
                 st = node.get("status") or {}
@@ -378,7 +376,7 @@ class KindCluster(StateDir):
              "kind export kubeconfig", timeout=60)
 
     def _install_stack(self, docker_exe: str, kind_exe: str, topo: Topology, say: Say) -> None:
-        from . import api
+        from ..kube import api
 
         say(f"building {FAKEGPU_IMAGE} from {DOCKERFILE}")
         _run([docker_exe, "build", "-f", str(paths.repo_root() / DOCKERFILE), "-t", FAKEGPU_IMAGE,

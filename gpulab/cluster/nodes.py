@@ -17,8 +17,10 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import yaml
 
-from . import api
-from .topology import NodeSpec, Topology
+from ..kube import api
+from .base import ClusterError
+from ..kube.names import NODE_ANNOTATION, PROVISIONER, STORAGE_CLASS
+from ..kube.topology import NodeSpec, Topology
 
 if TYPE_CHECKING:
     from .embedded import EmbeddedCluster
@@ -109,8 +111,6 @@ def storage_class(name: str, provisioner: str) -> dict[str, Any]:
 def bootstrap(cluster: "EmbeddedCluster", topo: Topology, crds: tuple[Path, ...],
               say: Callable[[str], None]) -> None:
     """Create what a fresh cluster needs before the controllers start; idempotent."""
-    from .embedded import NODE_ANNOTATION, PROVISIONER, STORAGE_CLASS
-
     client = api.Client(cluster.kubeconfig)
     for crd in crds:
         client.apply(yaml.safe_load(crd.read_text()))
@@ -129,8 +129,6 @@ def bootstrap(cluster: "EmbeddedCluster", topo: Topology, crds: tuple[Path, ...]
 
 
 def wait_ready(cluster: "EmbeddedCluster", topo: Topology, timeout: float) -> None:
-    from .embedded import ClusterError
-
     client = api.Client(cluster.kubeconfig)
     want = {n.name for n in topo.nodes}
     deadline = time.monotonic() + timeout

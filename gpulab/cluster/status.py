@@ -7,7 +7,7 @@ from typing import Any
 
 from kubernetes.utils import parse_quantity
 
-from . import api
+from ..kube import api
 from .embedded import COMPONENTS, EmbeddedCluster
 
 GPU_PREFIX = "nvidia.com/"

@@ -37,15 +37,7 @@ from typing import Any
 
 import yaml
 
-from gpulab.fakegpu.models import (
-    GpuModel,
-    GpuModelError,
-    MigLayout,
-    MigSlice,
-    get_model,
-    gpu_uuid,
-    mig_uuid,
-)
+from gpulab.hardware.models import GpuModel, GpuModelError, MigLayout, MigSlice, get_model, gpu_uuid, mig_uuid
 
 __all__ = [
     "CONFIG_VERSION",

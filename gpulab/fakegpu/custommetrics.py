@@ -27,7 +27,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from ..cluster import api
+from ..kube import api
 
 log = logging.getLogger("gpulab.custommetrics")
 

@@ -44,8 +44,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .._fsutil import atomic_write_text, file_identity
-from ..cluster import api
-from . import dcgm, gfd, mig, models, nvidiasmi
+from ..kube import api
+from ..kube import events
+from . import dcgm, gfd, mig, nvidiasmi
+from ..hardware import models
 from .config import (
     CONFIG_LABEL,
     DEFAULT_CONFIG,
@@ -57,6 +59,7 @@ from .config import (
 )
 from .deviceplugin import DEVICE_PLUGIN_PATH
 from .deviceplugin.plugin import DevicePlugin, PluginConfig
+from ..kube.names import OPERATOR_NAMESPACE
 
 log = logging.getLogger("gpulab.fakegpu.daemon")
 
@@ -177,12 +180,12 @@ class _Stop:
 
 def _node_event(client: api.Client, node: str, reason: str, message: str, type_: str = "Normal",
                 component: str = "nvidia-mig-manager") -> None:
-    """An Event on the node, as the embedded backend's components write them (counted, see gpulab.cluster.events)."""
+    """An Event on the node, as the embedded backend's components write them (counted, see gpulab.kube.events)."""
     try:
         uid = ((client.get("Node", node) or {}).get("metadata") or {}).get("uid") or node
     except (api.ApiError, api.NotFound, api.Conflict):
         uid = node
-    client.event({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node, "uid": uid}}, reason, message,
+    events.record(client, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": node, "uid": uid}}, reason, message,
                  type_, component=component, host=node)
 
 
@@ -466,7 +469,7 @@ def parser() -> argparse.ArgumentParser:
         if name == "gfd":
             s.add_argument("--interval", type=float, default=60.0, help="seconds between label rewrites")
         if name in ("config-manager", "mig-manager"):
-            s.add_argument("--namespace", default=env.get("POD_NAMESPACE", "gpu-operator"))
+            s.add_argument("--namespace", default=env.get("POD_NAMESPACE", OPERATOR_NAMESPACE))
         if name == "config-manager":
             s.add_argument("--configmap", help="ConfigMap of named device-plugin configs "
                            "(default: the one ClusterPolicy --cluster-policy names)")

@@ -42,14 +42,7 @@ from gpulab.fakegpu.config import (
     Sharing,
     resolve_mig_layout,
 )
-from gpulab.fakegpu.models import (
-    LAYOUT_ALL_DISABLED,
-    GpuModel,
-    MigLayout,
-    MigProfile,
-    get_model,
-    sanitize_label_value,
-)
+from gpulab.hardware.models import LAYOUT_ALL_DISABLED, GpuModel, MigLayout, MigProfile, get_model, sanitize_label_value
 
 __all__ = [
     "DRIVER_VERSION",

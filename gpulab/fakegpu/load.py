@@ -19,7 +19,7 @@ import threading
 import time
 from typing import Any
 
-from ..cluster import api
+from ..kube import api
 
 ANNOTATION = "gpulab.io/gpu-load"
 KINDS = {"deploy": "Deployment", "deployment": "Deployment", "deployments": "Deployment",

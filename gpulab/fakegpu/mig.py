@@ -23,14 +23,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from gpulab.fakegpu.gfd import MIG_CONFIG_LABEL, MIG_CONFIG_STATE_LABEL
-from gpulab.fakegpu.models import (
-    GpuModel,
-    GpuModelError,
-    MigLayout,
-    MigNotSupported,
-    UnknownMigLayout,
-    get_model,
-)
+from gpulab.hardware.models import GpuModel, GpuModelError, MigLayout, MigNotSupported, UnknownMigLayout, get_model
 
 __all__ = [
     "MIG_CONFIG_LABEL",

@@ -31,19 +31,19 @@ from typing import TYPE_CHECKING, Callable
 
 import yaml
 
-from ..cluster import api, pki
+from ..kube import api, pki
 from ..runtime import programs
 from ..usage import samples as usage
 from . import custommetrics, dcgm
 from .operands import METRICS_ANNOTATION
 from .operator import manifest_documents
+from ..kube.names import OPERATOR_NAMESPACE
 
 if TYPE_CHECKING:
     from .stack import GpuStack
 
 ADAPTER_IMAGE = "gpulab.io/custom-metrics-adapter"
 EXPORTER_SELECTOR = "app=nvidia-dcgm-exporter"
-EXPORTER_NAMESPACE = "gpu-operator"
 PORT_KEY = "custom-metrics"
 MANAGER = "gpulab-install"
 
@@ -58,7 +58,7 @@ def manifests_dir() -> Path:
 def exporter_endpoints(client: api.Client) -> dict[str, str]:
     """Node name -> metrics URL of each running DCGM exporter."""
     out = {}
-    for pod in client.list("Pod", EXPORTER_NAMESPACE, label_selector=EXPORTER_SELECTOR):
+    for pod in client.list("Pod", OPERATOR_NAMESPACE, label_selector=EXPORTER_SELECTOR):
         url = (pod["metadata"].get("annotations") or {}).get(METRICS_ANNOTATION)
         node = (pod.get("spec") or {}).get("nodeName")
         if url and node and (pod.get("status") or {}).get("phase") == "Running":

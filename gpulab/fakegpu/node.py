@@ -35,19 +35,20 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..cluster import api
-from ..runtime.agent import AdmissionError, AdmissionPending, ContainerKill, DeviceGrant
+from ..kube import api
+from ..runtime.devices import AdmissionError, AdmissionPending, ContainerKill, DeviceGrant
 from ..runtime.sandbox import Mount
 from . import faults as faultmod
 from . import ledger as ledgermod
-from . import models, nvidiasmi
+from ..hardware import models
+from . import nvidiasmi
 from .config import AdvertisedDevice, NodeResources, strip_replica
 from .deviceplugin.kubelet import AllocationError, DeviceManager
 from .deviceplugin.plugin import NVIDIA_SMI_CONTAINER_PATH, NVIDIA_SMI_STATE_ENV, VISIBLE_DEVICES_ENV
 from .gfd import CUDA_DRIVER_VERSION, DRIVER_VERSION
 
 if TYPE_CHECKING:
-    from ..cluster.topology import NodeSpec
+    from ..kube.topology import NodeSpec
     from .load import LoadModel
     from .stack import GpuStack
 

@@ -239,7 +239,7 @@ def build_state(
     """
     from gpulab.fakegpu.config import resolve_mig_layout
     from gpulab.fakegpu.gfd import CUDA_DRIVER_VERSION, DRIVER_VERSION
-    from gpulab.fakegpu.models import get_model, gpu_uuid, mig_uuid, pci_bus_id
+    from gpulab.hardware.models import get_model, gpu_uuid, mig_uuid, pci_bus_id
 
     if fault is not None and fault not in FAULTS:
         raise ValueError(f"unknown fault {fault!r}; allowed: {', '.join(FAULTS)}")

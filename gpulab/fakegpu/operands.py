@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from .._fsutil import file_identity
-from ..cluster import api
+from ..kube import api
 from ..runtime import programs
 from . import dcgm, gfd, mig, nvidiasmi
 from .config import (
@@ -56,7 +56,7 @@ from .config import (
 )
 from .deviceplugin import DEVICE_PLUGIN_PATH
 from .deviceplugin.plugin import DevicePlugin, PluginConfig, socket_name
-from .models import GpuModelError
+from ..hardware.models import GpuModelError
 
 if TYPE_CHECKING:
     from .node import GpuNode
@@ -331,7 +331,7 @@ class DevicePluginMain:
         self.unhealthy = now
 
     def _log_unhealthy(self, node: "GpuNode", before: frozenset[int], after: frozenset[int]) -> None:
-        from .models import gpu_uuid
+        from ..hardware.models import gpu_uuid
 
         for i in sorted(after - before):
             self.out.info(f"XidCriticalError: Xid=79 on Device={gpu_uuid(node.name, i)}; marking device as unhealthy.")

@@ -35,15 +35,16 @@ from typing import TYPE_CHECKING, Any, Callable
 import yaml
 
 from .. import paths
-from ..cluster import api
+from ..kube import api
 from ..runtime import programs
 from . import gfd, mig
 from .config import CONFIG_LABEL
+from ..kube.names import OPERATOR_NAMESPACE
 
 if TYPE_CHECKING:
     from .stack import GpuStack
 
-NAMESPACE = "gpu-operator"
+NAMESPACE = OPERATOR_NAMESPACE
 POLICY_NAME = "cluster-policy"
 OPERATOR_IMAGE = "nvcr.io/nvidia/gpu-operator"
 HASH_ANNOTATION = "nvidia.com/last-applied-hash"

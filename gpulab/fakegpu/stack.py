@@ -1,7 +1,7 @@
 """The simulated GPU stack inside the node agent: hardware, kubelet device side, NVIDIA's programs.
 
-The node agent (``python -m gpulab.runtime``) creates one :class:`GpuStack`
-and passes it as its :class:`~gpulab.runtime.agent.DeviceHooks`. The stack
+The node agent (``python -m gpulab.cluster.nodeagent``) creates one :class:`GpuStack`
+and passes it as its :class:`~gpulab.runtime.devices.DeviceHooks`. The stack
 
 - keeps one :class:`~gpulab.fakegpu.node.GpuNode` per GPU node of the
   topology (GPUs, faults, the kubelet's device manager, nvidia-smi state)
@@ -32,15 +32,15 @@ import threading
 from pathlib import Path
 from typing import Any, Callable
 
-from ..cluster import api
-from ..cluster.topology import load as load_topology
-from ..runtime.agent import ContainerKill, DeviceGrant
+from ..kube import api
+from ..kube import events
+from ..kube.topology import load as load_topology
+from ..runtime.devices import ContainerKill, DeviceGrant
 from .load import LoadModel
 from .node import GpuNode
 
 log = logging.getLogger("gpulab.fakegpu")
 
-OPERATOR_NAMESPACE = "gpu-operator"
 
 
 _EXEC_SHIM = """#!/bin/sh
@@ -239,14 +239,14 @@ class GpuStack:
 
     def node_event(self, node: str, reason: str, message: str, type_: str = "Normal",
                    component: str = "gpu-operator") -> None:
-        """An Event on a Node; the same one again counts on the existing Event (see :mod:`gpulab.cluster.events`)."""
+        """An Event on a Node; the same one again counts on the existing Event (see :mod:`gpulab.kube.events`)."""
         obj = self.node_object(node) or {"metadata": {"name": node, "uid": ""}}
-        self.client.event({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node,
+        events.record(self.client, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": node,
                            "uid": obj["metadata"].get("uid") or node}},
                           reason, message, type_, component=component, host=node)
 
     def pod_event(self, pod: dict[str, Any], reason: str, message: str, type_: str = "Normal") -> None:
-        self.client.event({**pod, "kind": "Pod"}, reason, message, type_, component="kubelet",
+        events.record(self.client, {**pod, "kind": "Pod"}, reason, message, type_, component="kubelet",
                           host=pod["spec"].get("nodeName"))
 
     # -- DeviceHooks ------------------------------------------------------------

@@ -65,7 +65,7 @@ from types import ModuleType
 from typing import Any
 
 from gpulab import _poll
-from gpulab.cluster import api, kubeconfig, pki
+from gpulab.kube import api, kubeconfig, pki
 
 from . import journal
 from .checks import CheckLoadError, lab_module_name
@@ -437,7 +437,8 @@ def topology_baseline(source: Path | Any | None) -> dict[str, dict[str, Any]]:
     if source is None:
         return {}
     from gpulab.cluster import nodes
-    from gpulab.cluster.embedded import NODE_ANNOTATION, EmbeddedCluster
+    from gpulab.cluster.embedded import EmbeddedCluster
+    from gpulab.kube.names import NODE_ANNOTATION
 
     topo = (source if hasattr(source, "topology") else EmbeddedCluster(Path(source))).topology()
     baseline = {}

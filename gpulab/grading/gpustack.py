@@ -43,13 +43,14 @@ from typing import Any
 import yaml
 
 from gpulab import _poll, paths
-from gpulab.cluster import api
+from gpulab.kube import api
 from gpulab.fakegpu import operator
 
 from .checks import dig, quantity_int
 from .journal import Restored, declare
+from ..kube.names import OPERATOR_NAMESPACE
 
-OPERATOR_NS = "gpu-operator"
+OPERATOR_NS = OPERATOR_NAMESPACE
 POLICY = "cluster-policy"
 CONFIG_LABEL = "nvidia.com/device-plugin.config"
 MIG_CONFIG = "nvidia.com/mig.config"

@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from gpulab import _poll, paths
+from gpulab.cluster import backend
 from gpulab.grading.record import record
 
 __all__ = ["begin", "Lab", "kubectl", "try_kubectl", "kubectl_json", "manifest", "show", "wait_until", "record",
@@ -225,7 +226,7 @@ def begin(namespace: str, extra: Sequence[str] = (), fresh: bool = True) -> Lab:
     if given:
         config = given
     else:
-        admin = paths.kubeconfig()
+        admin = backend.kubeconfig()
         if not admin.exists():
             raise RuntimeError("本地集群还没有创建：先在终端运行 `gpulab up`（或 `make up`），再重新运行这个单元格。")
         config = str(_namespaced_copy(admin, namespace))

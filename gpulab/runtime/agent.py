@@ -5,7 +5,7 @@ kubelet HTTP API; this process does what KWOK does not: it runs each bound
 pod (:mod:`gpulab.runtime.pod`), gives pods IPs from their node's
 ``podCIDR``, tells KWOK where each container's log file is and how to exec
 into it, provisions local persistent volumes, and lets the GPU stack
-allocate devices to containers (:class:`DeviceHooks`).
+allocate devices to containers (:class:`~gpulab.runtime.devices.DeviceHooks`).
 
 One process serves all simulated nodes; it watches pods cluster-wide and
 keeps one worker thread per pod bound to a node it manages.
@@ -13,96 +13,23 @@ keeps one worker thread per pod bound to a node it manages.
 
 from __future__ import annotations
 
-import argparse
-import dataclasses
 import ipaddress
 import logging
 import os
-import signal
-import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
-from ..cluster import api
+from ..kube import api
 from . import sandbox
+from .devices import DeviceHooks, NoDevices
 from .pod import PodWorker
 from .provisioner import Provisioner
 from .volumes import VolumeBuilder
+from ..kube.names import NODE_ANNOTATION
 
 log = logging.getLogger("gpulab.runtime")
-
-MANAGED_ANNOTATION = ("kwok.x-k8s.io/node", "fake")
-
-
-@dataclasses.dataclass
-class DeviceGrant:
-    env: dict[str, str] = dataclasses.field(default_factory=dict)
-    mounts: list[sandbox.Mount] = dataclasses.field(default_factory=list)
-    devices: list[sandbox.Mount] = dataclasses.field(default_factory=list)
-
-
-class AdmissionError(Exception):
-    """The node refuses a pod, as a kubelet's admission handlers do: the pod fails with ``reason``."""
-
-    def __init__(self, reason: str, message: str):
-        super().__init__(message)
-        self.reason = reason
-        self.message = message
-
-
-class AdmissionPending(Exception):
-    """The node cannot admit a pod yet (its device plugin is expected back): the pod waits, Pending."""
-
-
-@dataclasses.dataclass
-class ContainerKill:
-    """The device side ends a running container (say, its CUDA program ran out of GPU memory)."""
-
-    exit_code: int
-    lines: list[str]  # its last words, on stderr
-
-
-class DeviceHooks(Protocol):
-    """How the GPU stack takes part in a pod's life (the kubelet's device manager and the GPUs)."""
-
-    def admit(self, pod: dict[str, Any]) -> None:
-        """Allocate the pod's devices before anything starts; raises AdmissionError or AdmissionPending."""
-
-    def adopt(self, pod: dict[str, Any]) -> None:
-        """A pod that ran before the node agent restarted: take back its devices from the checkpoint."""
-
-    def prepare(self, pod: dict[str, Any], container: dict[str, Any]) -> DeviceGrant: ...
-
-    def observe(self, pod: dict[str, Any], container: dict[str, Any], running: bool) -> ContainerKill | None:
-        """Told every sync whether a container runs; a ContainerKill ends it."""
-
-    def release(self, pod: dict[str, Any]) -> None:
-        """The pod is finished (terminal or deleted): its devices are free again. Idempotent."""
-
-    def retain(self, pod_uids: set[str]) -> None:
-        """After a restart: forget devices held by pods that no longer exist (deleted meanwhile)."""
-
-
-class NoDevices:
-    def admit(self, pod: dict[str, Any]) -> None:
-        pass
-
-    def adopt(self, pod: dict[str, Any]) -> None:
-        pass
-
-    def prepare(self, pod: dict[str, Any], container: dict[str, Any]) -> DeviceGrant:
-        return DeviceGrant()
-
-    def observe(self, pod: dict[str, Any], container: dict[str, Any], running: bool) -> ContainerKill | None:
-        return None
-
-    def release(self, pod: dict[str, Any]) -> None:
-        pass
-
-    def retain(self, pod_uids: set[str]) -> None:
-        pass
 
 
 class Ipam:
@@ -228,7 +155,7 @@ class NodeAgent:
 
     def _managed(self, node: dict[str, Any]) -> bool:
         ann = node["metadata"].get("annotations") or {}
-        return ann.get(MANAGED_ANNOTATION[0]) == MANAGED_ANNOTATION[1]
+        return ann.get(NODE_ANNOTATION[0]) == NODE_ANNOTATION[1]
 
     def _on_node(self, node: dict[str, Any], deleted: bool = False) -> None:
         name = node["metadata"]["name"]
@@ -330,29 +257,3 @@ class NodeAgent:
             w.shutdown()
         for w in list(self.workers.values()):
             w.join(timeout=5)
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m gpulab.runtime",
-                                     description="gpulab's simulated kubelet for the embedded cluster")
-    parser.add_argument("--cluster-dir", type=Path, required=True)
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-                        stream=sys.stderr)
-    from ..fakegpu.stack import GpuStack
-
-    # The GPU side of every GPU node: device managers, GPUs, NVIDIA's programs.
-    gpus = GpuStack(args.cluster_dir)
-    agent = NodeAgent(args.cluster_dir, devices=gpus)
-
-    def on_term(signum, frame):
-        agent.stop.set()
-
-    signal.signal(signal.SIGTERM, on_term)
-    signal.signal(signal.SIGINT, on_term)
-    gpus.start()
-    try:
-        agent.run(ready_file=args.cluster_dir / "node-agent.ready")
-    finally:
-        gpus.stop()
-    return 0

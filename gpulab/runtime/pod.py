@@ -23,8 +23,10 @@ from typing import TYPE_CHECKING, Any
 
 from kubernetes.utils import parse_quantity
 
-from ..cluster import api
+from ..kube import api
+from ..kube import events
 from . import probes, programs, sandbox
+from .devices import AdmissionError, AdmissionPending
 from .containers import LOST, NODE_SHUTDOWN, Container, Termination, rfc3339
 from .volumes import VolumeError, field_value, resource_value
 
@@ -233,7 +235,6 @@ class PodWorker(threading.Thread):
         it); it keeps the devices the checkpoint records. A new pod whose
         device plugin is expected back waits, Pending, until it is.
         """
-        from .agent import AdmissionError, AdmissionPending
 
         if self.adopted:
             self.agent.devices.adopt(self.pod)
@@ -588,7 +589,7 @@ class PodWorker(threading.Thread):
         if every and now - self.last_event.get(key, 0) < every:
             return
         self.last_event[key] = now
-        self.client.event(self.pod, reason, message, type_, component="kubelet", host=self.node)
+        events.record(self.client, self.pod, reason, message, type_, component="kubelet", host=self.node)
 
     def status(self) -> dict[str, Any]:
         old = self.pod.get("status") or {}

@@ -17,12 +17,13 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from ..cluster import api
+from ..kube import api
+from ..kube import events
 from .volumes import node_host_path
+from ..kube.names import PROVISIONER
 
 log = logging.getLogger("gpulab.runtime")
 
-PROVISIONER = "gpulab.io/local-path"
 SELECTED_NODE = "volume.kubernetes.io/selected-node"
 VOLUME_ROOT = "/var/lib/gpulab/volumes"
 
@@ -94,7 +95,7 @@ class Provisioner:
             self.client.create(pv)
         except api.Conflict:
             return
-        self.client.event(claim, "ProvisioningSucceeded",
+        events.record(self.client, claim, "ProvisioningSucceeded",
                           f"Successfully provisioned volume {name} on node {node}",
                           component=PROVISIONER)
 

@@ -17,7 +17,7 @@ import stat
 from pathlib import Path
 from typing import Any
 
-from ..cluster import api
+from ..kube import api
 
 SUPPORTED = ("emptyDir", "hostPath", "configMap", "secret", "persistentVolumeClaim", "projected", "downwardAPI")
 

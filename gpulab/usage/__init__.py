@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from ..cluster import api
+from ..kube import api
 from .report import Report, build
 from .samples import Store, store_path
 

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from gpulab import paths
-from gpulab.cluster import api
+from gpulab.kube import api
 from gpulab.fakegpu import operator
 from helpers import wait_for
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import nbformat
 
-from gpulab.cluster import api
+from gpulab.kube import api
 from gpulab.grading import grader
 from gpulab.grading.gradebook import GradeRow
 

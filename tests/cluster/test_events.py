@@ -19,7 +19,7 @@ from gpu_support import (
     wait_resources,
     wait_stack,
 )
-from gpulab.cluster import events
+from gpulab.kube import events
 from helpers import wait_for
 
 pytestmark = pytest.mark.cluster
@@ -44,7 +44,7 @@ def test_the_same_event_is_one_object_with_a_count(kube, ns):
     pod = pending_pod(kube, ns, "counted")
     message = "Back-off restarting failed container main in pod counted"
     for i in range(5):
-        kube.event(pod, "TestBackOff", message, "Warning", component="kubelet", host=GPU_NODE)
+        events.record(kube, pod, "TestBackOff", message, "Warning", component="kubelet", host=GPU_NODE)
         if i == 0:
             time.sleep(1.1)  # timestamps are whole seconds: let lastTimestamp move on
     [event] = pod_events(kube, ns, "counted", "TestBackOff")
@@ -55,14 +55,14 @@ def test_the_same_event_is_one_object_with_a_count(kube, ns):
     assert event["involvedObject"]["uid"] == pod["metadata"]["uid"]
 
     # Another message is another Event.
-    kube.event(pod, "TestBackOff", "Back-off restarting failed container sidecar in pod counted", "Warning",
+    events.record(kube, pod, "TestBackOff", "Back-off restarting failed container sidecar in pod counted", "Warning",
                component="kubelet", host=GPU_NODE)
     got = {e["message"]: e["count"] for e in pod_events(kube, ns, "counted", "TestBackOff")}
     assert got == {message: 5, "Back-off restarting failed container sidecar in pod counted": 1}
 
     # An Event that is gone (expired or deleted) is created again, with the count so far.
     assert kube.delete("Event", event["metadata"]["name"], ns)
-    kube.event(pod, "TestBackOff", message, "Warning", component="kubelet", host=GPU_NODE)
+    events.record(kube, pod, "TestBackOff", message, "Warning", component="kubelet", host=GPU_NODE)
     [again] = [e for e in pod_events(kube, ns, "counted", "TestBackOff") if e["message"] == message]
     assert again["count"] == 6 and again["firstTimestamp"] == event["firstTimestamp"]
 
@@ -78,7 +78,7 @@ def test_concurrent_emitters_count_on_one_object(kube, ns):
 
     def emit():
         for _ in range(5):
-            kube.event(pod, "TestProbe", "Readiness probe failed", "Warning", component="kubelet", host=GPU_NODE)
+            events.record(kube, pod, "TestProbe", "Readiness probe failed", "Warning", component="kubelet", host=GPU_NODE)
 
     threads = [threading.Thread(target=emit) for _ in range(4)]
     for t in threads:
@@ -92,7 +92,7 @@ def test_concurrent_emitters_count_on_one_object(kube, ns):
 def test_many_messages_for_one_reason_are_combined(kube, ns):
     pod = pending_pod(kube, ns, "chatty")
     for i in range(12):
-        kube.event(pod, "TestUnhealthy", f"Liveness probe failed: attempt {i}", "Warning", component="kubelet",
+        events.record(kube, pod, "TestUnhealthy", f"Liveness probe failed: attempt {i}", "Warning", component="kubelet",
                    host=GPU_NODE)
     got = pod_events(kube, ns, "chatty", "TestUnhealthy")
     plain = [e for e in got if not e["message"].startswith(events.AGGREGATE_PREFIX)]

@@ -150,7 +150,7 @@ def test_reset_reinstalls_the_stack_and_repairs_the_hardware(cluster, kube, faul
     kube.patch("ClusterPolicy", "cluster-policy", {"spec": {"dcgmExporter": {"enabled": False}}})
     wait_resources(kube, "nvidia.com/gpu", "2", "0")
     cluster.reset(say=lambda m: None)
-    from gpulab.cluster.api import Client
+    from gpulab.kube.api import Client
 
     fresh = Client(cluster.kubeconfig)
     wait_stack(fresh)

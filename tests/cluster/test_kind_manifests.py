@@ -28,7 +28,8 @@ from typing import Any
 import pytest
 import yaml
 
-from gpulab.cluster import api, kind, topology
+from gpulab.kube import api, topology
+from gpulab.cluster import kind
 from gpulab.fakegpu import mig as migmod
 from helpers import wait_for
 

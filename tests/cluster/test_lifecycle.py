@@ -108,7 +108,7 @@ def test_reset_returns_to_the_initial_state(cluster, kube, gpulab_home):
     kube.patch("Node", "gpu-node-1", {"spec": {"taints": [{"key": "x", "effect": "NoSchedule"}]}})
     proc = gpulab("reset", env_home=gpulab_home)
     assert proc.returncode == 0, proc.stderr
-    from gpulab.cluster.api import Client
+    from gpulab.kube.api import Client
 
     fresh = Client(cluster.kubeconfig)
     assert fresh.get("Namespace", "scratch") is None

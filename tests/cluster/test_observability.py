@@ -24,7 +24,7 @@ from helpers import wait_for
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpulab import usage
-from gpulab.cluster import api
+from gpulab.kube import api
 from gpulab.fakegpu import load, monitoring
 from gpulab.usage import samples
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpulab.cluster import api
+from gpulab.kube import api
 
 from helpers import wait_for
 

@@ -7,7 +7,7 @@ import types
 import pytest
 
 from gpulab import notebook as nb
-from gpulab.cluster.topology import NodeSpec, Taint, Topology
+from gpulab.kube.topology import NodeSpec, Taint, Topology
 
 
 def pod(phase="Pending", node=None, containers=None, init=None, statuses=None, init_statuses=None,

@@ -38,7 +38,7 @@ def code(text: str, tags: list[str] | None = None) -> nbformat.NotebookNode:
 
 
 class FakeClient:
-    """Just enough of :class:`gpulab.cluster.api.Client` for the grading code: objects in a dict;
+    """Just enough of :class:`gpulab.kube.api.Client` for the grading code: objects in a dict;
     patches merge as the apiserver's JSON merge patch (RFC 7386) does. There is no PUT."""
 
     def __init__(self, objects=()):

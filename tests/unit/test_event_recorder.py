@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 
-from gpulab.cluster import events
+from gpulab.kube import events
 
 POD = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "web", "namespace": "team-a", "uid": "u-1"}}
 NODE = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "gpu-node-1", "uid": "n-1"}}

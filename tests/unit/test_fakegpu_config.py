@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from gpulab.fakegpu import config as c
-from gpulab.fakegpu.models import GpuModelError, MigNotSupported, get_model, gpu_uuid, mig_uuid
+from gpulab.hardware.models import GpuModelError, MigNotSupported, get_model, gpu_uuid, mig_uuid
 
 # The chapter's ConfigMap, verbatim.
 CHAPTER_CONFIGMAP = """\

@@ -7,13 +7,7 @@ from collections import Counter
 import pytest
 
 from gpulab.fakegpu import mig
-from gpulab.fakegpu.models import (
-    MIG_COMPUTE_SLICES,
-    MIG_MEMORY_SLICES,
-    MigNotSupported,
-    get_model,
-    list_models,
-)
+from gpulab.hardware.models import MIG_COMPUTE_SLICES, MIG_MEMORY_SLICES, MigNotSupported, get_model, list_models
 
 MIG_MODELS = [x for x in list_models() if x.mig_capable]
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gpulab.fakegpu import models as m
+from gpulab.hardware import models as m
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 from deviceplugin_support import eventually
 
-from gpulab.cluster.topology import NodeSpec
+from gpulab.kube.topology import NodeSpec
 from gpulab.fakegpu import dcgm, faults, nvidiasmi
 from gpulab.fakegpu.config import advertised_resources, parse_config
 from gpulab.fakegpu.deviceplugin.plugin import DevicePlugin, PluginConfig
 from gpulab.fakegpu.node import DEVICES_ANNOTATION, GpuNode, cuda_runtime_of
-from gpulab.runtime.agent import AdmissionError
+from gpulab.runtime.devices import AdmissionError
 
 CUDA = "nvcr.io/nvidia/cuda:12.6.2-base-ubuntu24.04"
 TIME_SLICING = """

@@ -8,7 +8,8 @@ import pytest
 import yaml
 
 from gpulab import paths
-from gpulab.fakegpu import models, operator
+from gpulab.hardware import models
+from gpulab.fakegpu import operator
 
 MANIFESTS = paths.manifests() / "gpu-operator"
 

@@ -6,7 +6,7 @@ import types
 
 import pytest
 
-from gpulab.cluster import api
+from gpulab.kube import api
 from gpulab.grading import grader
 from gpulab.grading.checks import CheckLoadError
 from gpulab.grading.cluster import (

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from gpulab.cluster import kind, nodes
-from gpulab.cluster import topology as topo_mod
+from gpulab.kube import topology as topo_mod
 from gpulab.fakegpu import daemon, gfd, mig
 
 REPO = Path(__file__).resolve().parents[2]

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from gpulab import cli, paths
+from gpulab import cli
 from gpulab.cluster import backend
 from gpulab.cluster.embedded import EmbeddedCluster
 from gpulab.cluster.kind import KindCluster
@@ -25,7 +25,7 @@ def home(tmp_path, monkeypatch) -> Path:
 def test_default_backend_is_embedded(home) -> None:
     assert backend.chosen() == "embedded"
     assert isinstance(backend.current(), EmbeddedCluster)
-    assert paths.kubeconfig() == home / "cluster" / "kubeconfig"
+    assert backend.kubeconfig() == home / "cluster" / "kubeconfig"
 
 
 def test_choice_is_remembered_and_every_caller_follows_it(home) -> None:
@@ -33,8 +33,8 @@ def test_choice_is_remembered_and_every_caller_follows_it(home) -> None:
     assert (home / "backend").read_text() == "kind\n"
     assert backend.chosen() == "kind"
     assert isinstance(backend.current(), KindCluster)
-    # notebooks (setup), labs (labkit) and `gpulab kubeconfig` all read paths.kubeconfig()
-    assert paths.kubeconfig() == home / "kind" / "kubeconfig" == backend.kubeconfig()
+    # notebooks (setup), labs (labkit) and `gpulab kubeconfig` all read backend.kubeconfig()
+    assert backend.kubeconfig() == home / "kind" / "kubeconfig"
     result = CliRunner().invoke(cli.main, ["kubeconfig"])
     assert result.exit_code == 0 and result.output.strip() == str(home / "kind" / "kubeconfig")
     backend.forget()

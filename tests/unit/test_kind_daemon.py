@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from deviceplugin_support import eventually, make_manager, nvidia_smi, plugin_config, sock_dir  # noqa: F401
 
-from gpulab.cluster import api
+from gpulab.kube import api
 from gpulab.fakegpu import daemon, dcgm, nvidiasmi
 
 REPO = Path(__file__).resolve().parents[2]
@@ -138,7 +138,7 @@ def test_in_cluster_kubeconfig_from_the_service_account(tmp_path) -> None:
     sa = tmp_path / "sa"
     sa.mkdir()
     (sa / "token").write_text("t0ken")
-    from gpulab.cluster import pki
+    from gpulab.kube import pki
 
     pki.ensure(tmp_path / "pki")
     (sa / "ca.crt").write_bytes((tmp_path / "pki" / "ca.crt").read_bytes())

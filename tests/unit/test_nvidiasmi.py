@@ -14,7 +14,7 @@ import pytest
 
 from gpulab.fakegpu import nvidiasmi as smi
 from gpulab.fakegpu.config import advertised_resources, parse_config
-from gpulab.fakegpu.models import gpu_uuid
+from gpulab.hardware.models import gpu_uuid
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "gpulab/fakegpu/nvidiasmi.py"

@@ -8,7 +8,7 @@ import pytest
 from click.testing import CliRunner
 
 from gpulab import cli
-from gpulab.cluster import topology
+from gpulab.kube import topology
 
 
 def write(tmp_path: Path, text: str) -> Path:

@@ -32,11 +32,11 @@ from __future__ import annotations
 import hashlib
 import time
 from collections.abc import Callable, Iterable, Mapping
-from pathlib import Path
 from typing import Any
 
 from gpulab import _poll
 from gpulab.grading import gpustack, journal
+from gpulab.kube.names import OPERATOR_NAMESPACE
 from gpulab.grading.checks import (
     Context, allocatable_by_node, check, containers, dig, failed, partial, passed, quantity_int, ratio,
 )
@@ -55,7 +55,7 @@ CELL_TIMEOUT = 60
 TIMEOUT = 150
 
 GPU = "nvidia.com/gpu"
-OPERATOR_NS = "gpu-operator"
+OPERATOR_NS = OPERATOR_NAMESPACE
 INJECTED = "InjectedFault"
 PLUGIN_APP, GFD_APP = "nvidia-device-plugin-daemonset", "gpu-feature-discovery"
 TEST_POD = "gpu-check"
@@ -178,7 +178,7 @@ def break_one_layer(env) -> list[dict[str, Any]]:
 
 
 def _local_env():
-    from gpulab.cluster import api
+    from gpulab.kube import api
     from gpulab.cluster.embedded import EmbeddedCluster
     from gpulab.grading.cluster import LabEnv
 

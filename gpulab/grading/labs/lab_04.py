@@ -26,7 +26,7 @@ import json
 import re
 
 from gpulab.fakegpu.config import ConfigError, parse_config_map
-from gpulab.fakegpu.models import get_model
+from gpulab.hardware.models import get_model
 from gpulab.grading import gpustack
 from gpulab.grading.checks import Context, check, containers, dig, failed, partial, passed, quantity_int, ratio
 

@@ -28,7 +28,7 @@ import hashlib
 import re
 from typing import Any
 
-from gpulab.cluster import api
+from gpulab.kube import api
 from gpulab.grading import journal
 from gpulab.grading.checks import Context, check, containers, dig, failed, passed, pod_spec, quantity_int, ratio
 from gpulab.grading.labs import lab_02

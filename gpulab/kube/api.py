@@ -129,7 +129,7 @@ class Client:
         try:
             prefix, plural, namespaced = KINDS[kind]
         except KeyError:
-            raise KeyError(f"gpulab.cluster.api does not know kind {kind!r}") from None
+            raise KeyError(f"gpulab.kube.api does not know kind {kind!r}") from None
         p = prefix
         if namespaced and namespace:
             p += f"/namespaces/{namespace}"
@@ -279,16 +279,3 @@ class Client:
                     return
             time.sleep(0.1)
         raise TimeoutError(f"CRD {name} not Established after {timeout:.0f} s")
-
-    def event(self, involved: dict[str, Any], reason: str, message: str, type_: str = "Normal",
-              component: str = "kubelet", host: str | None = None) -> dict[str, Any] | None:
-        """Record a core/v1 Event about ``involved`` (as kubectl describe shows them).
-
-        Through the process's :class:`~gpulab.cluster.events.EventRecorder`,
-        as client-go's recorder: the same event again increments ``count`` of
-        the existing Event object. Best effort: returns the Event as written,
-        or None, and never raises.
-        """
-        from .events import RECORDER
-
-        return RECORDER.event(self, involved, reason, message, type_, component=component, host=host)

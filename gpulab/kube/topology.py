@@ -293,7 +293,7 @@ def _gpu(r: _Reader, raw: Any, field: str) -> tuple[str | None, int] | None:
     if gpu is None:
         return None
     r.only(gpu, field, ("model", "count"))
-    from ..fakegpu import models
+    from ..hardware import models
 
     allowed = ", ".join(m.key for m in models.list_models())
     model_key: str | None = None

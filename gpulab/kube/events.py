@@ -2,7 +2,7 @@
 
 Every Event a gpulab component emits (the node agent's kubelet side, the
 provisioner, the GPU Operator and its operands: MIG manager, device-plugin
-config manager, ...) goes through :meth:`gpulab.cluster.api.Client.event`,
+config manager, ...) goes through :func:`record`,
 which hands it to the one :class:`EventRecorder` of the process. Like
 client-go's ``EventCorrelator`` (``tools/record/events_cache.go``) it
 
@@ -345,4 +345,15 @@ class EventRecorder:
 
 
 RECORDER = EventRecorder()
-"""The process's recorder; :meth:`gpulab.cluster.api.Client.event` writes through it."""
+"""The process's recorder; :func:`record` writes through it."""
+
+
+def record(client: api.Client, involved: dict[str, Any], reason: str, message: str, type_: str = "Normal",
+           component: str = "kubelet", host: str | None = None) -> dict[str, Any] | None:
+    """Record a core/v1 Event about ``involved`` (as kubectl describe shows them).
+
+    Through the process's recorder, as client-go's: the same event again
+    increments ``count`` of the existing Event object. Best effort: returns the
+    Event as written, or None, and never raises.
+    """
+    return RECORDER.event(client, involved, reason, message, type_, component=component, host=host)

@@ -1,0 +1,24 @@
+"""The names every layer agrees on: namespaces, annotations, the storage provisioner.
+
+One module owns each shared name so that the component that writes it and the
+ones that read it cannot drift apart.
+"""
+
+from __future__ import annotations
+
+# Where NVIDIA's GPU Operator and its operands (device plugin, GFD, MIG manager,
+# DCGM exporter, validator) run, on the embedded backend as on kind.
+OPERATOR_NAMESPACE = "gpu-operator"
+
+# Nodes that gpulab simulates carry this annotation: KWOK keeps them alive
+# (heartbeats, leases) and the node agent runs their pods.
+NODE_ANNOTATION = ("kwok.x-k8s.io/node", "fake")
+
+# The default StorageClass and the local-path provisioner behind it (the node agent's).
+STORAGE_CLASS = "standard"
+PROVISIONER = "gpulab.io/local-path"
+
+# The embedded control plane's address ranges (kube-controller-manager's node IPAM
+# hands each node a /24 of POD_CIDR; Services get ClusterIPs from SERVICE_CIDR).
+POD_CIDR = "10.244.0.0/16"
+SERVICE_CIDR = "10.96.0.0/16"

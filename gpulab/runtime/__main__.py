@@ -1,5 +1,0 @@
-import sys
-
-from .agent import main
-
-sys.exit(main())
