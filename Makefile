@@ -56,20 +56,20 @@ APT_GET = if command -v apt-get >/dev/null && { [ "$$(id -u)" = 0 ] || sudo -n t
 	    echo "gpulab: no $(2), and apt-get needs root here: $(4)" \
 	         "(install it with: sudo apt-get install -y $(1))"; \
 	  fi
-# A CJK font file, as gpulab/notebook.py looks for one (_CJK_FILE).
+# A CJK font file, as gpulab/notebook/plots.py looks for one (_CJK_FILE).
 HAVE_CJK_FONT = [ -n "$$(find /usr/share/fonts /usr/local/share/fonts $$HOME/.local/share/fonts $$HOME/.fonts \
 	-iregex '.*\(notosans\(mono\)?cjk\|notosanssc\|sourcehansans\|wqy\|wenquanyi\).*' -print -quit 2>/dev/null)" ]
 
 # The learner's install (make lab, make up): gpulab with its runtime dependencies, and the notebook kernel.
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml constraints.txt
 	@test -n "$(PYTHON)" || { echo "gpulab: Python >= 3.11 is needed; set PYTHON=/path/to/python3.11"; exit 1; }
 	$(if $(GPULAB_BIN_DIR),,$(NEED_GO))
 	@command -v unshare >/dev/null || { echo "gpulab: unshare (util-linux) is needed to run pod commands"; exit 1; }
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e .
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e .
 	$(BIN)/python -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (gpulab)" >/dev/null
-	@# Notebook plots are labelled in Chinese when a CJK font is installed, in English otherwise (gpulab/notebook.py).
+	@# Notebook plots are labelled in Chinese when a CJK font is installed, in English otherwise (gpulab/notebook/plots.py).
 	@$(HAVE_CJK_FONT) || { $(call APT_GET,fonts-noto-cjk,CJK font,Chinese labels in notebook plots,notebook plots will be labelled in English); }
 	@# GPULAB_SANDBOX=process (no user namespaces here) places pods' volumes with proot.
 	@[ "$$GPULAB_SANDBOX" != process ] || command -v proot >/dev/null || { 	  $(call APT_GET,proot,proot,for GPULAB_SANDBOX=process,pods with volumes cannot start in the process sandbox); }
@@ -77,7 +77,7 @@ $(STAMP): pyproject.toml
 
 # The test tools on top (make test, make test-*): pyproject's dev extra.
 $(TEST_STAMP): $(STAMP)
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev]'
 	touch $(TEST_STAMP)
 
 install: $(STAMP)

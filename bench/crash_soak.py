@@ -49,7 +49,8 @@ sys.path.insert(0, str(REPO))
 from gpulab import paths  # noqa: E402
 from gpulab.kube import api
 from gpulab.cluster.embedded import COMPONENTS, EmbeddedCluster  # noqa: E402
-from gpulab.grading import gpustack  # noqa: E402
+from gpulab.cluster import baseline  # noqa: E402
+from gpulab.kube.names import CLUSTER_POLICY, DEVICE_PLUGIN_CONFIG_LABEL  # noqa: E402
 
 GPU_NODE = "gpu-node-1"
 JOB_NODE = "cpu-node-1"
@@ -108,14 +109,14 @@ class Workload:
 
     def time_slice(self, timeout: float = 120) -> None:
         """The chapter's time-slicing: ConfigMap, ClusterPolicy devicePlugin.config, node label."""
-        self.stack = gpustack.capture(self.client)
+        self.stack = baseline.capture(self.client)
         cards = int(self._gpu_allocatable() or 0)
         cm = yaml.safe_load(TIME_SLICING.read_text())
         replicas = yaml.safe_load(cm["data"]["any"])["sharing"]["timeSlicing"]["resources"][0]["replicas"]
         self.client.apply(cm, manager="gpulab-soak")
-        self.client.patch("ClusterPolicy", gpustack.POLICY, {"spec": {"devicePlugin": {"config": {
+        self.client.patch("ClusterPolicy", CLUSTER_POLICY, {"spec": {"devicePlugin": {"config": {
             "name": cm["metadata"]["name"], "default": "any"}}}})
-        self.client.patch("Node", GPU_NODE, {"metadata": {"labels": {gpustack.CONFIG_LABEL: "any"}}})
+        self.client.patch("Node", GPU_NODE, {"metadata": {"labels": {DEVICE_PLUGIN_CONFIG_LABEL: "any"}}})
         self.allocatable = str(cards * replicas)
         _wait(lambda: None if self._gpu_allocatable() == self.allocatable
               else f"{GPU_NODE} allocatable nvidia.com/gpu {self._gpu_allocatable()}, want {self.allocatable}",
@@ -211,7 +212,7 @@ class Workload:
             self.client.delete("Namespace", self.ns)
         finally:
             if self.stack:
-                gpustack.restore(self.client, self.stack)
+                baseline.restore(self.client, self.stack)
 
 
 @dataclasses.dataclass

@@ -38,7 +38,7 @@ import nbformat  # noqa: E402
 
 from gpulab.cluster.embedded import EmbeddedCluster  # noqa: E402
 from gpulab.grading import grader  # noqa: E402
-from gpulab.grading.cluster import ClusterState  # noqa: E402
+from gpulab.cluster.baseline import ClusterState  # noqa: E402
 from gpulab.grading.gradebook import ProgressEvent  # noqa: E402
 
 

@@ -421,10 +421,16 @@ def check_cmd(notebook: Path, lab: str | None, out_dir: Path | None, no_jail: bo
 def grade(submissions: Path, lab: str, hidden: Path | None, out_dir: Path | None, learners: tuple[str, ...],
           no_jail: bool, reset_cluster: bool) -> None:
     """Grade the notebooks in SUBMISSIONS into a CSV gradebook and zh-CN feedback per learner."""
+    from .grading import secret
     from .grading.grader import GradingError, grade_submissions
 
     out = out_dir or Path("grades") / lab
     _recover_graders(_cluster())
+    try:
+        # What a lab breaks for each submission is picked with this secret: said once, when it is made.
+        secret.ensure(say=lambda m: click.echo(f"gpulab: {m}", err=True))
+    except (secret.SecretError, OSError) as e:
+        _fail(f"cannot read or create the grading secret: {e}")
     try:
         result = grade_submissions(submissions, lab, out, hidden=hidden, jail=not no_jail,
                                    restore="reset" if reset_cluster else "targeted", learners=learners or None)
@@ -464,6 +470,34 @@ def labs_check() -> None:
             click.echo(f"drift: {d}", err=True)
         _fail("labs/ is out of date with solutions/: run `gpulab labs generate` (make labs)")
     click.echo(f"labs/ matches solutions/ ({len(list((root / 'solutions').glob('*.ipynb')))} labs)")
+
+
+@main.group()
+def dist() -> None:
+    """Distributions of the course: what a class receives."""
+
+
+@dist.command(name="learner")
+@click.argument("out", type=click.Path(path_type=Path))
+@click.option("--force", is_flag=True, help="Replace everything in OUT when it is not empty.")
+def dist_learner(out: Path, force: bool) -> None:
+    """Write what a class receives to OUT, without solutions/ and hidden checks.
+
+    Lessons, labs, manifests, quizzes, the package with its visible checks, the
+    docs, Makefile, pyproject.toml, constraints.txt, repo2docker's files and the
+    tests that work without the answers; gpulab-dist.json in OUT lists what was
+    left out and why.
+    """
+    from .grading.dist import DistError, DistInputError, write_learner
+
+    try:
+        result = write_learner(out, force=force)
+    except DistInputError as e:
+        _fail(str(e), 2)
+    except DistError as e:
+        _fail(str(e))
+    for line in result.lines():
+        click.echo(line)
 
 
 # --------------------------------------------------------------------------- observability

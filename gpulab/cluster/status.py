@@ -8,11 +8,11 @@ from typing import Any
 from kubernetes.utils import parse_quantity
 
 from ..kube import api
+from ..kube.names import ALLOCATED_DEVICES_ANNOTATION
 from .embedded import COMPONENTS, EmbeddedCluster
 
 GPU_PREFIX = "nvidia.com/"
 # Written on each pod by the node agent after admission (gpulab.fakegpu.node).
-DEVICES_ANNOTATION = "gpulab.io/allocated-devices"
 
 
 def _requests(pod: dict[str, Any]) -> dict[str, float]:
@@ -60,7 +60,7 @@ def collect(cluster: EmbeddedCluster) -> dict[str, Any]:
                 allocated.setdefault(node, {})[k] = allocated.get(node, {}).get(k, 0) + v
         md = pod["metadata"]
         try:
-            held = json.loads((md.get("annotations") or {}).get(DEVICES_ANNOTATION) or "{}")
+            held = json.loads((md.get("annotations") or {}).get(ALLOCATED_DEVICES_ANNOTATION) or "{}")
         except ValueError:
             held = {}
         for container, resources in sorted(held.items()):

@@ -40,8 +40,9 @@ FRONT_PROXY_CN = "front-proxy-client"
 METRICS = ("DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE",
            "DCGM_FI_PROF_GR_ENGINE_ACTIVE", "DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_GPU_TEMP")
 
+# (metric name, labels, value): one sample of an exporter's page, as prometheus_client's parser reads it
 Sample = tuple[str, dict[str, str], float]
-# returns every sample of every exporter, now
+# returns every sample of every exporter, now (monitoring.CachedScraper: scraped and parsed as Prometheus does)
 SampleSource = Callable[[], Iterable[Sample]]
 
 _PATH = re.compile(

@@ -1,6 +1,6 @@
-"""The fake NVIDIA node components as real processes, for nodes with a real kubelet (kind).
+"""The fake NVIDIA node components as real processes, for nodes with a real kubelet (kind): the kind host.
 
-On the embedded backend these components are programs inside the node agent
+On the embedded backend the components are programs inside the node agent
 (:mod:`gpulab.fakegpu.operands`). On a kind node there is a real kubelet, so
 each one runs as its own container of the ``gpulab.local/fakegpu`` image, in
 DaemonSets laid out as the GPU Operator lays out its operands
@@ -11,6 +11,9 @@ DaemonSets laid out as the GPU Operator lays out its operands
     python -m gpulab.fakegpu.daemon config-manager   # picks the device-plugin config (time-slicing, MPS)
     python -m gpulab.fakegpu.daemon mig-manager      # applies nvidia.com/mig.config
     python -m gpulab.fakegpu.daemon dcgm-exporter    # Prometheus metrics on :9400
+
+The components are the same as the embedded backend's
+(:mod:`gpulab.fakegpu.components`); :class:`KindHost` is what they run on here.
 
 A kind node has no GPUs, so what it "has" is read from its Node's labels
 ``gpulab.io/fake-gpu.model`` / ``gpulab.io/fake-gpu.count`` (set from the
@@ -23,10 +26,23 @@ container and on the node, because the kubelet mounts them into GPU containers
 by their node path. The fake nvidia-smi is a Python script: it runs in GPU
 containers whose image has ``python3``.
 
-What this backend does not have: the embedded backend's GPU memory ledger
-(the kubelet runs the containers, so nothing sees a CUDA program's memory),
-hence no OOM between time-sliced neighbours and no per-pod DCGM labels; and
-``gpulab fault``, whose files live on the embedded backend's simulated hosts.
+What this backend does not have, and so the components do not do here:
+
+- faults: ``gpulab fault`` writes into the embedded backend's simulated hosts,
+  and a kind node has none (:meth:`KindHost.faults` is always empty), so no
+  GPU turns Unhealthy, the plugin is never held down, GFD always labels the
+  reference driver;
+- the GPU memory ledger (the kubelet runs the containers, so nothing sees a
+  CUDA program's memory), hence no OOM between time-sliced neighbours and no
+  per-pod DCGM labels;
+- an operator process: config-manager follows the ClusterPolicy's
+  ``spec.devicePlugin.config`` itself (``--cluster-policy``), so when the
+  policy names a config its sidecar applies it and records a
+  ``DevicePluginConfigApplied`` Event, where on the embedded backend the
+  operator restarts the pods and their init containers write the config
+  without one; and there is no operator validator;
+- the processes poll (``--poll-interval``) where the embedded programs are
+  woken by the node agent's shared watch.
 """
 
 from __future__ import annotations
@@ -41,25 +57,20 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-from .._fsutil import atomic_write_text, file_identity
-from ..kube import api
-from ..kube import events
-from . import dcgm, gfd, mig, nvidiasmi
+from .._fsutil import atomic_write_text
 from ..hardware import models
-from .config import (
-    CONFIG_LABEL,
-    DEFAULT_CONFIG,
-    ConfigError,
-    DevicePluginConfig,
-    advertised_resources,
-    parse_config,
-    select_config,
-)
-from .deviceplugin import DEVICE_PLUGIN_PATH
-from .deviceplugin.plugin import DevicePlugin, PluginConfig
+from ..kube import api
 from ..kube.names import OPERATOR_NAMESPACE
+from . import nvidiasmi, smistate
+from .components import COMPONENTS
+from .components.host import ApiHost, Gpus, HostError, Klog, MetricsView, Settings
+from .devicemap import NodeResources
+from .deviceplugin import DEVICE_PLUGIN_PATH
+from .deviceplugin.plugin import PluginConfig
+from .faults import NodeFaults
+from .pluginconfig import CONFIG_LABEL, ConfigError
 
 log = logging.getLogger("gpulab.fakegpu.daemon")
 
@@ -68,8 +79,13 @@ COUNT_LABEL = "gpulab.io/fake-gpu.count"
 HOST_DIR = "/var/lib/gpulab"
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 
+#: The subcommands: one per component.
+COMMANDS = tuple(COMPONENTS)
+#: Subcommands that run on the node's (fake) GPUs.
+_HARDWARE_COMMANDS = ("device-plugin", "gfd", "mig-manager", "dcgm-exporter")
 
-class DaemonError(RuntimeError):
+
+class DaemonError(HostError):
     """The component cannot start; the message says what is missing."""
 
 
@@ -94,10 +110,6 @@ def in_cluster_kubeconfig(sa_dir: Path = SERVICE_ACCOUNT_DIR, env: dict[str, str
     with os.fdopen(fd, "w") as f:
         json.dump(doc, f)
     return Path(path)
-
-
-def _client(args: argparse.Namespace) -> api.Client:
-    return api.Client(args.kubeconfig or in_cluster_kubeconfig())
 
 
 class Hardware:
@@ -139,21 +151,14 @@ class Hardware:
         atomic_write_text(self.file, json.dumps({"model": self.model.key, "count": self.count, "mig": name}) + "\n")
 
     def state(self) -> dict[str, Any]:
-        return nvidiasmi.build_state(self.model, self.count, self.node, mig_layout=self.mig_layout())
+        return smistate.build_state(self.model, self.count, self.node, mig_layout=self.mig_layout())
 
     def install_nvidia_smi(self) -> None:
         # Mounted into GPU containers at /usr/bin/nvidia-smi by the Allocate response.
         atomic_write_text(self.nvidia_smi, "#!/usr/bin/env -S python3 -IS\n" + Path(nvidiasmi.__file__).read_text(),
                           mode=0o755)
         self.host_state.parent.mkdir(parents=True, exist_ok=True)
-        nvidiasmi.write_state(str(self.host_state), self.state())
-
-
-def _load_config(path: Path | None, mig_strategy: str | None) -> DevicePluginConfig:
-    config = DEFAULT_CONFIG
-    if path is not None and path.is_file():
-        config = parse_config(path.read_text(), path=str(path))
-    return config.with_mig_strategy(mig_strategy or None)
+        smistate.write_state(str(self.host_state), self.state())
 
 
 class _Stop:
@@ -178,227 +183,6 @@ class _Stop:
         return self.event.is_set()
 
 
-def _node_event(client: api.Client, node: str, reason: str, message: str, type_: str = "Normal",
-                component: str = "nvidia-mig-manager") -> None:
-    """An Event on the node, as the embedded backend's components write them (counted, see gpulab.kube.events)."""
-    try:
-        uid = ((client.get("Node", node) or {}).get("metadata") or {}).get("uid") or node
-    except (api.ApiError, api.NotFound, api.Conflict):
-        uid = node
-    events.record(client, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": node, "uid": uid}}, reason, message,
-                 type_, component=component, host=node)
-
-
-# --------------------------------------------------------------------------
-# The components
-
-
-def run_device_plugin(args: argparse.Namespace, stop: _Stop) -> int:
-    client = None if args.gpu_model and args.gpu_count else _client(args)
-    hw = Hardware.of_node(args, client)
-    hw.install_nvidia_smi()
-    config_path = Path(args.config_file) if args.config_file else None
-
-    def inventory() -> dict[str, Any]:
-        config = _load_config(config_path, args.mig_strategy)
-        resources = advertised_resources(hw.model, hw.count, hw.node, config, mig_layout=hw.mig_layout())
-        return resources.to_inventory(hw.state())
-
-    plugin = DevicePlugin(PluginConfig(plugin_dir=Path(args.plugin_dir), nvidia_smi=hw.nvidia_smi,
-                                       state_dir=hw.state_dir, pass_device_specs=False,
-                                       poll_interval=args.poll_interval), inventory=inventory())
-    seen = (file_identity(config_path), file_identity(hw.file))
-    announced: set[str] = set()
-    try:
-        plugin.start()
-        log.info("Serving %s on %s (%d x %s)", ", ".join(plugin.resources), args.plugin_dir, hw.count, hw.model.key)
-        while not stop.wait(args.poll_interval):
-            now = (file_identity(config_path), file_identity(hw.file))
-            if now != seen:
-                seen = now
-                try:
-                    plugin.update_inventory(inventory())
-                except ConfigError as e:
-                    log.error("unable to load config: %s; keeping the current devices", e)
-                    continue
-                hw.install_nvidia_smi()
-                log.info("Config or MIG geometry changed: now serving %s", ", ".join(plugin.resources))
-            for name in plugin.resources:
-                if name not in announced and plugin.is_registered(name):
-                    announced.add(name)
-                    log.info("Registered device plugin for '%s' with Kubelet", name)
-    finally:
-        plugin.stop()
-    return 0
-
-
-def _without_timestamp(labels: dict[str, str]) -> dict[str, str]:
-    # GFD rewrites its timestamp label every interval; only the rest is a change.
-    return {k: v for k, v in labels.items() if k != gfd.TIMESTAMP_LABEL}
-
-
-def run_gfd(args: argparse.Namespace, stop: _Stop) -> int:
-    client = _client(args)
-    hw = Hardware.of_node(args, client)
-    config_path = Path(args.config_file) if args.config_file else None
-    last_write = 0.0
-    while True:
-        try:
-            config = _load_config(config_path, args.mig_strategy)
-            want = gfd.gfd_labels(hw.model, hw.count, config=config, mig_layout=hw.mig_layout())
-            labels = ((client.get("Node", hw.node) or {}).get("metadata") or {}).get("labels") or {}
-            have = {k: v for k, v in labels.items() if gfd.label_owner(k) == "gfd"}
-            if _without_timestamp(want) != _without_timestamp(have) or time.monotonic() - last_write >= args.interval:
-                patch: dict[str, str | None] = {k: v for k, v in want.items() if have.get(k) != v}
-                patch.update({k: None for k in have if k not in want})
-                client.patch("Node", hw.node, {"metadata": {"labels": patch}})
-                last_write = time.monotonic()
-                log.info("Writing %d labels to node %s", len(want), hw.node)
-        except ConfigError as e:
-            log.error("unable to load config: %s", e)
-            return 1
-        except (api.ApiError, api.NotFound, api.Conflict) as e:
-            log.warning("error writing labels: %s; retrying", e)
-        if stop.wait(args.poll_interval):
-            return 0
-
-
-def _config_source(client: api.Client, args: argparse.Namespace) -> tuple[str | None, str | None]:
-    """The ConfigMap of device-plugin configs and the default config name.
-
-    ``--configmap``/``--default`` when given; else ClusterPolicy
-    ``--cluster-policy``'s ``spec.devicePlugin.config`` (there is no operator
-    process on this backend to render it into the DaemonSet, so the
-    config-manager follows the ClusterPolicy itself).
-    """
-    if args.configmap:
-        return args.configmap, args.default or None
-    policy = client.get("ClusterPolicy", args.cluster_policy) or {}
-    config = (((policy.get("spec") or {}).get("devicePlugin") or {}).get("config") or {})
-    return (config.get("name") or None), (config.get("default") or None)
-
-
-def run_config_manager(args: argparse.Namespace, stop: _Stop) -> int:
-    client = _client(args)
-    dst = Path(args.dst)
-    current: tuple[str | None, str] | None = None
-    last: object = object()
-    while True:
-        labels = ((client.get("Node", args.node) or {}).get("metadata") or {}).get("labels") or {}
-        configmap, default = _config_source(client, args)
-        value = labels.get(args.label)
-        cm = client.get("ConfigMap", configmap, args.namespace) if configmap else None
-        data = (cm or {}).get("data") or {}
-        if (value, configmap, default, data) != last:
-            last = (value, configmap, default, data)
-            if configmap is None:
-                # No config named: the plugin runs with its defaults.
-                if current != (None, ""):
-                    dst.unlink(missing_ok=True)
-                    current = (None, "")
-                    log.info("No device-plugin config selected; using the defaults")
-            else:
-                selection = select_config(data, value, default, tuple(args.fallbacks.split(",")))
-                text = data.get(selection.name or "")
-                problem = None if selection.name else f"ConfigMap {args.namespace}/{configmap}: {selection.reason}"
-                if not problem:
-                    try:
-                        parse_config(text or "", path=f"{configmap}/{selection.name}")
-                    except ConfigError as e:
-                        problem = f"config {selection.name!r} of ConfigMap {args.namespace}/{configmap} is invalid: {e}"
-                if problem:
-                    log.error("%s; keeping %s", problem, (current or (None,))[0] or "the defaults")
-                    reason = "DevicePluginConfigInvalid" if selection.name else "DevicePluginConfigNotFound"
-                    if current is None and args.oneshot:
-                        _node_event(client, args.node, reason, f"{problem}; the device plugin cannot start",
-                                    "Warning", component="config-manager")
-                        return 1
-                    keep = (current or (None,))[0] or "<defaults>"
-                    _node_event(client, args.node, reason, f"{problem}; keeping the last good config {keep!r}",
-                                "Warning", component="config-manager")
-                elif current != (selection.name, text):
-                    atomic_write_text(dst, text or "")
-                    current = (selection.name, text or "")
-                    log.info("Successfully updated to config: %s (%s)", selection.name, selection.reason)
-                    if not args.oneshot:
-                        _node_event(client, args.node, "DevicePluginConfigApplied",
-                                    f"device plugin config {selection.name!r} from ConfigMap "
-                                    f"{args.namespace}/{configmap} applied", component="config-manager")
-        if args.oneshot or stop.wait(args.poll_interval):
-            return 0
-
-
-def run_mig_manager(args: argparse.Namespace, stop: _Stop) -> int:
-    client = _client(args)
-    hw = Hardware.of_node(args, client)
-    if not hw.model.mig_capable:
-        log.info("No MIG-capable GPU on this node; nothing to do. Waiting indefinitely.")
-        while not stop.wait(3600):
-            pass
-        return 0
-    last: object = object()
-    while True:
-        labels = ((client.get("Node", hw.node) or {}).get("metadata") or {}).get("labels") or {}
-        if labels and labels.get(mig.MIG_CONFIG_LABEL) != last:
-            last = labels.get(mig.MIG_CONFIG_LABEL)
-            log.info("Updating to MIG config: %s", last)
-            _reconfigure(client, hw, labels, args.namespace, stop)
-        if stop.wait(args.poll_interval):
-            return 0
-
-
-def _holding_gpus(client: api.Client, node: str, operator_namespace: str) -> list[str]:
-    pods = []
-    for pod in client.list("Pod", field_selector=f"spec.nodeName={node}"):
-        md = pod["metadata"]
-        if md["namespace"] == operator_namespace or (pod.get("status") or {}).get("phase") not in ("Pending", "Running"):
-            continue
-        for c in pod["spec"].get("containers") or []:
-            limits = (c.get("resources") or {}).get("limits") or {}
-            if any(k.startswith("nvidia.com/") and str(v) != "0" for k, v in limits.items()):
-                pods.append(f"{md['namespace']}/{md['name']}")
-                break
-    return pods
-
-
-def _reconfigure(client: api.Client, hw: Hardware, labels: dict[str, str], namespace: str, stop: _Stop) -> None:
-    decision = mig.decide_mig_transition(labels, hw.model, applied=hw.mig_layout(),
-                                         gpu_pods=_holding_gpus(client, hw.node, namespace))
-    restore = {k: ("false" if labels.get(k) == "false" else "true") for k in mig.CLIENT_DEPLOY_LABELS}
-
-    def pods(selector: str) -> list[dict[str, Any]]:
-        return client.list("Pod", namespace, label_selector=selector, field_selector=f"spec.nodeName={hw.node}")
-
-    try:
-        for step in decision.steps:
-            if stop.event.is_set():
-                return
-            log.info(step.message)
-            if step.action == "set-labels":
-                client.patch("Node", hw.node, {"metadata": {"labels": dict(step.labels)}})
-            elif step.action == "wait-pods-deleted":
-                deadline = time.monotonic() + 120
-                while pods(step.selector or ""):
-                    if time.monotonic() > deadline:
-                        raise TimeoutError(f"pods {step.selector} still on the node after 120 s")
-                    if stop.wait(0.5):
-                        return
-            elif step.action == "delete-pods":
-                for pod in pods(step.selector or ""):
-                    client.delete("Pod", pod["metadata"]["name"], namespace, grace_seconds=0)
-            elif step.action == "apply-mig":
-                hw.apply_mig(step.layout)
-    except (TimeoutError, api.ApiError, api.NotFound, api.Conflict) as e:
-        log.error("Error applying MIG configuration: %s", e)
-        client.patch("Node", hw.node, {"metadata": {"labels": {**restore, mig.MIG_CONFIG_STATE_LABEL: mig.STATE_FAILED}}})
-        _node_event(client, hw.node, "MigConfigFailed", f"MIG config {decision.requested!r}: {e}", "Warning")
-        return
-    if decision.outcome == "failed":
-        _node_event(client, hw.node, "MigConfigFailed", decision.reason, "Warning")
-    elif decision.outcome == "reconfigured":
-        _node_event(client, hw.node, "MigConfigApplied", decision.reason)
-
-
 class _MetricsView:
     """What :func:`gpulab.fakegpu.dcgm.render` reads of a node: its GPUs' state, no per-pod holders."""
 
@@ -416,30 +200,131 @@ class _MetricsView:
         return 0.0
 
 
-def run_dcgm_exporter(args: argparse.Namespace, stop: _Stop) -> int:
-    client = None if args.gpu_model and args.gpu_count else _client(args)
-    view = _MetricsView(Hardware.of_node(args, client))
-
-    host, _, port = args.listen.rpartition(":")
-    # In its pod, the exporter listens on all addresses (Prometheus scrapes the pod IP).
-    server = dcgm.serve(view, (host or "0.0.0.0", int(port)))  # type: ignore[arg-type]
-    log.info("Starting webserver on %s:%d", *server.server_address[:2])
-    try:
-        while not stop.wait(3600):
-            pass
-    finally:
-        server.shutdown()
-        server.server_close()
-    return 0
+def _stdio(stream: str, line: str) -> None:
+    print(line, file=sys.stderr if stream == "stderr" else sys.stdout, flush=True)
 
 
-COMMANDS: dict[str, Callable[[argparse.Namespace, _Stop], int]] = {
-    "device-plugin": run_device_plugin,
-    "gfd": run_gfd,
-    "config-manager": run_config_manager,
-    "mig-manager": run_mig_manager,
-    "dcgm-exporter": run_dcgm_exporter,
-}
+def settings_of(args: argparse.Namespace) -> Settings:
+    """What the component's flags tell it."""
+    config_file = getattr(args, "config_file", None)
+    return Settings(
+        namespace=getattr(args, "namespace", OPERATOR_NAMESPACE),
+        config_file=Path(config_file) if config_file else None,
+        mig_strategy=getattr(args, "mig_strategy", None) or None,
+        # Device nodes on kind are the host's /dev; a fake GPU has none to pass.
+        flags={"PASS_DEVICE_SPECS": "false"},
+        gfd_interval=getattr(args, "interval", 60.0),
+        oneshot=getattr(args, "oneshot", False),
+        config_label=getattr(args, "label", CONFIG_LABEL),
+        fallbacks=tuple(s for s in getattr(args, "fallbacks", "named,single").split(",") if s),
+        config_dst=Path(args.dst) if getattr(args, "dst", None) else None,
+    )
+
+
+# --------------------------------------------------------------------------
+# The host
+
+
+class KindHost(ApiHost):
+    """:class:`~gpulab.fakegpu.components.host.Host` for a process in one of kind's DaemonSets.
+
+    The GPUs come from the Node's ``gpulab.io/fake-gpu.*`` labels (or
+    ``--gpu-model``/``--gpu-count``), the MIG geometry from ``--host-dir``;
+    there are no faults. The API client is the pod's service account (or
+    ``--kubeconfig``), made when first needed.
+    """
+
+    def __init__(self, args: argparse.Namespace, stop: _Stop, source: str):
+        self.args = args
+        self.node = args.node
+        self.log = Klog(_stdio, source)
+        self.settings = settings_of(args)
+        self._stop = stop
+        self._client: api.Client | None = None
+        self.hw: Hardware | None = None
+        if args.command in _HARDWARE_COMMANDS:
+            need_api = not (args.gpu_model and args.gpu_count)
+            self.hw = Hardware.of_node(args, self.client if need_api else None)
+
+    # -- lifecycle
+
+    def wait(self, seconds: float) -> bool:
+        return self._stop.wait(min(seconds, self.args.poll_interval))
+
+    def stopping(self) -> bool:
+        return self._stop.event.is_set()
+
+    # -- the API
+
+    @property
+    def client(self) -> api.Client:
+        if self._client is None:
+            self._client = api.Client(self.args.kubeconfig or in_cluster_kubeconfig())
+        return self._client
+
+    def config_source(self) -> tuple[str | None, str | None]:
+        """``--configmap``/``--default`` when given; else ClusterPolicy ``--cluster-policy``'s ``spec.devicePlugin.config``.
+
+        There is no operator process on this backend to render the ClusterPolicy
+        into the DaemonSet, so the config-manager follows the ClusterPolicy itself.
+        """
+        args = self.args
+        if args.configmap:
+            return args.configmap, args.default or None
+        policy = self.client.get("ClusterPolicy", args.cluster_policy) or {}
+        config = ((policy.get("spec") or {}).get("devicePlugin") or {}).get("config") or {}
+        return (config.get("name") or None), (config.get("default") or None)
+
+    # -- the hardware
+
+    def _hw(self) -> Hardware:
+        if self.hw is None:
+            raise DaemonError(f"{self.args.command} does not run on the node's GPUs")
+        return self.hw
+
+    def gpus(self) -> Gpus | None:
+        return Gpus(self.hw.model, self.hw.count) if self.hw is not None else None
+
+    def mig_layout(self) -> models.MigLayout | None:
+        return self.hw.mig_layout() if self.hw is not None else None
+
+    def apply_mig(self, layout: models.MigLayout | None) -> None:
+        self._hw().apply_mig(layout)
+
+    def faults(self) -> NodeFaults:
+        # `gpulab fault` lives on the embedded backend's simulated hosts: a kind node has no faults.
+        return NodeFaults()
+
+    def gpu_state(self, in_container: bool = False) -> dict[str, Any]:
+        # No ledger on kind: a container sees what the host sees.
+        return self._hw().state()
+
+    # -- device plugin
+
+    def plugin_config(self) -> PluginConfig:
+        hw = self._hw()
+        return PluginConfig(plugin_dir=Path(self.args.plugin_dir), nvidia_smi=hw.nvidia_smi, state_dir=hw.state_dir,
+                            pass_device_specs=False, poll_interval=self.args.poll_interval)
+
+    def advertised(self, resources: NodeResources) -> None:
+        # The nvidia-smi the kubelet mounts into GPU containers, and the host's state for the new geometry.
+        self._hw().install_nvidia_smi()
+
+    # -- DCGM exporter
+
+    def metrics_view(self) -> MetricsView:
+        return _MetricsView(self._hw())
+
+    def metrics_address(self) -> tuple[str, int]:
+        host, _, port = self.args.listen.rpartition(":")
+        # In its pod, the exporter listens on all addresses (Prometheus scrapes the pod IP).
+        return (host or "0.0.0.0", int(port))
+
+    def metrics_published(self, endpoint: str) -> None:
+        pass  # the DaemonSet's Service (manifests/kind/50-dcgm-exporter.yaml) fronts the pods
+
+
+# --------------------------------------------------------------------------
 
 
 def parser() -> argparse.ArgumentParser:
@@ -454,7 +339,7 @@ def parser() -> argparse.ArgumentParser:
         s.add_argument("--kubeconfig", help="kubeconfig file (default: the pod's service account)")
         s.add_argument("--poll-interval", type=float, default=1.0, help="seconds between checks")
         s.add_argument("-v", "--verbose", action="store_true")
-        if name in ("device-plugin", "gfd", "mig-manager", "dcgm-exporter"):
+        if name in _HARDWARE_COMMANDS:
             s.add_argument("--gpu-model", help=f"GPU model key (default: the node's {MODEL_LABEL} label)")
             s.add_argument("--gpu-count", type=int, help=f"GPUs on the node (default: its {COUNT_LABEL} label)")
             s.add_argument("--host-dir", default=env.get("GPULAB_HOST_DIR", HOST_DIR),
@@ -490,9 +375,10 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(stream=sys.stderr, level=logging.DEBUG if args.verbose else logging.INFO,
                         format=f"%(asctime)s %(levelname).1s {args.command}] %(message)s")
     stop = _Stop().install()
+    run, source = COMPONENTS[args.command]
     try:
-        return COMMANDS[args.command](args, stop)
-    except DaemonError as e:
+        return run(KindHost(args, stop, source))
+    except HostError as e:
         log.error("%s", e)
         return 1
     except ConfigError as e:

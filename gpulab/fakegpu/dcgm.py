@@ -6,13 +6,23 @@ set (``gpu``, ``UUID``, ``pci_bus_id``, ``device``, ``modelName``,
 ``DCGM_EXPORTER_KUBERNETES=true``, the ``namespace``/``pod``/``container``
 holding the device. Like the real exporter, it cannot tell containers apart
 on a time-sliced GPU, so shared GPUs carry no pod labels.
+
+The page is written by ``prometheus_client`` (a collector on a private
+registry, never the global one) and read back by its parser, as Prometheus
+and prometheus-adapter read dcgm-exporter's. Its text is the client's: label
+names in sorted order and values as Go prints floats (``0.0``, ``75.0``).
 """
 
 from __future__ import annotations
 
 import http.server
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterator
+
+from prometheus_client.exposition import generate_latest
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.registry import CollectorRegistry
 
 if TYPE_CHECKING:
     from .node import GpuNode
@@ -30,16 +40,19 @@ FIELDS = (
     ("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "gauge", "Ratio of time the graphics engine is active."),
 )
 
+# A field's type -> its family. (prometheus_client names a counter's samples NAME_total.)
+_FAMILIES: dict[str, type[Metric]] = {"gauge": GaugeMetricFamily, "counter": CounterMetricFamily}
 
-def _labels(d: dict[str, str]) -> str:
-    return "{" + ",".join(f'{k}="{v}"' for k, v in d.items()) + "}"
+Sample = tuple[str, dict[str, str], float]
+# What generate_latest writes: Prometheus' text format 0.0.4 (dcgm-exporter's Content-Type).
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
-def render(node: "GpuNode") -> str:
-    """The ``/metrics`` page of the node's exporter, now."""
+def _series(node: "GpuNode") -> dict[str, list[tuple[dict[str, str], float]]]:
+    """Field name -> ``(labels, value)`` of each of its series on the node, now."""
     state = node.state()
     holders = node.holders()  # device UUID -> [(namespace, pod, container)]
-    series: dict[str, list[str]] = {name: [] for name, _, _ in FIELDS}
+    series: dict[str, list[tuple[dict[str, str], float]]] = {name: [] for name, _, _ in FIELDS}
     for gpu in state["gpus"]:
         base = {"gpu": str(gpu["index"]), "UUID": gpu["uuid"], "pci_bus_id": gpu["bus_id"],
                 "device": f"nvidia{gpu['minor_number']}", "modelName": gpu["name"], "Hostname": node.name}
@@ -55,11 +68,11 @@ def render(node: "GpuNode") -> str:
         }
         if not migs:
             for name, value in values.items():
-                series[name].append(f"{name}{_labels({**base, **_owner(holders.get(gpu['uuid']))})} {value}")
+                series[name].append(({**base, **_owner(holders.get(gpu["uuid"]))}, value))
             continue
         for name in ("DCGM_FI_DEV_SM_CLOCK", "DCGM_FI_DEV_MEM_CLOCK", "DCGM_FI_DEV_GPU_TEMP",
                      "DCGM_FI_DEV_POWER_USAGE"):
-            series[name].append(f"{name}{_labels(base)} {values[name]}")
+            series[name].append((base, values[name]))
         for m in migs:
             labels = {**base, "GPU_I_PROFILE": m["profile"], "GPU_I_ID": str(m["gi_id"]),
                       **_owner(holders.get(m["uuid"]))}
@@ -67,12 +80,8 @@ def render(node: "GpuNode") -> str:
             for name, value in (("DCGM_FI_DEV_FB_FREE", max(0, m["memory_total_mib"] - used)),
                                 ("DCGM_FI_DEV_FB_USED", used),
                                 ("DCGM_FI_PROF_GR_ENGINE_ACTIVE", round(node.mig_activity(m["uuid"]), 6))):
-                series[name].append(f"{name}{_labels(labels)} {value}")
-    lines: list[str] = []
-    for name, kind, help_ in FIELDS:
-        if series[name]:
-            lines += [f"# HELP {name} {help_}", f"# TYPE {name} {kind}", *series[name]]
-    return "\n".join(lines) + "\n"
+                series[name].append((labels, value))
+    return series
 
 
 def _owner(holders: list[tuple[str, str, str]] | None) -> dict[str, str]:
@@ -83,21 +92,46 @@ def _owner(holders: list[tuple[str, str, str]] | None) -> dict[str, str]:
     return {"container": container, "namespace": namespace, "pod": pod}
 
 
-def parse(text: str) -> list[tuple[str, dict[str, str], float]]:
-    """``(name, labels, value)`` of every sample of a metrics page (for tests and lessons)."""
-    out: list[tuple[str, dict[str, str], float]] = []
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        head, _, value = line.rpartition(" ")
-        name, _, rest = head.partition("{")
-        labels: dict[str, str] = {}
-        for part in rest.rstrip("}").split('",'):
-            if "=" in part:
-                k, _, v = part.partition("=")
-                labels[k] = v.strip('"')
-        out.append((name, labels, float(value)))
-    return out
+class NodeCollector:
+    """A ``prometheus_client`` collector: the node's DCGM fields, read at each collection.
+
+    A field without any series (GPU_UTIL on a node whose GPUs are all MIG-partitioned)
+    is left out, HELP and TYPE included, as dcgm-exporter leaves it out.
+    """
+
+    def __init__(self, node: "GpuNode"):
+        self.node = node
+
+    def collect(self) -> Iterator[Metric]:
+        series = _series(self.node)
+        for name, kind, help_ in FIELDS:
+            if not series[name]:
+                continue
+            family = _FAMILIES[kind](name, help_)
+            for labels, value in series[name]:
+                family.add_sample(family.name + ("_total" if kind == "counter" else ""), labels, value)
+            yield family
+
+
+def registry(node: "GpuNode") -> CollectorRegistry:
+    """A private registry holding only the node's collector (the global one is never touched)."""
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(NodeCollector(node))
+    return reg
+
+
+def render(node: "GpuNode") -> str:
+    """The ``/metrics`` page of the node's exporter, now."""
+    return generate_latest(registry(node)).decode()
+
+
+def parse(text: str) -> list[Sample]:
+    """``(name, labels, value)`` of every sample of a metrics page, read by Prometheus' text parser.
+
+    Raises ValueError for a page that is not Prometheus text.
+    """
+    return [(s.name, dict(s.labels), float(s.value))
+            for family in text_string_to_metric_families(text) for s in family.samples]
 
 
 def serve(node: "GpuNode", address: tuple[str, int], thread_name: str = "dcgm-exporter") -> http.server.ThreadingHTTPServer:
@@ -105,6 +139,7 @@ def serve(node: "GpuNode", address: tuple[str, int], thread_name: str = "dcgm-ex
 
     Returns the running server; ``server.shutdown()`` stops it.
     """
+    reg = registry(node)
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802 (http.server's name)
@@ -112,7 +147,7 @@ def serve(node: "GpuNode", address: tuple[str, int], thread_name: str = "dcgm-ex
             if path == "/health":
                 body, ctype = b"OK", "text/plain"
             elif path == "/metrics":
-                body, ctype = render(node).encode(), "text/plain; version=0.0.4"
+                body, ctype = generate_latest(reg), CONTENT_TYPE
             else:
                 self.send_error(404)
                 return

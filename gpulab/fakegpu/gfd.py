@@ -32,16 +32,16 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 
-from gpulab.fakegpu.config import (
+from gpulab.fakegpu.devicemap import DevicePluginError, resolve_mig_layout
+from gpulab.fakegpu.pluginconfig import (
     DEFAULT_CONFIG,
     GPU_RESOURCE,
     SHARING_MPS,
     SHARING_NONE,
     DevicePluginConfig,
-    DevicePluginError,
     Sharing,
-    resolve_mig_layout,
 )
+from gpulab.kube.names import MIG_CONFIG_LABEL, MIG_CONFIG_STATE_LABEL
 from gpulab.hardware.models import LAYOUT_ALL_DISABLED, GpuModel, MigLayout, MigProfile, get_model, sanitize_label_value
 
 __all__ = [
@@ -69,8 +69,6 @@ CUDA_DRIVER_VERSION = "13.0"
 NVIDIA_PCI_VENDOR = "10de"
 PCI_PRESENT_LABEL = f"feature.node.kubernetes.io/pci-{NVIDIA_PCI_VENDOR}.present"
 GPU_PRESENT_LABEL = "nvidia.com/gpu.present"
-MIG_CONFIG_LABEL = "nvidia.com/mig.config"
-MIG_CONFIG_STATE_LABEL = "nvidia.com/mig.config.state"
 TIMESTAMP_LABEL = "nvidia.com/gfd.timestamp"
 
 #: Operands the GPU Operator schedules through ``nvidia.com/gpu.deploy.*``.

@@ -98,6 +98,21 @@ def prometheus_targets(client: api.Client) -> str:
     return yaml.safe_dump(config, sort_keys=False)
 
 
+def parse_pages(pages: dict[str, str]) -> list[custommetrics.Sample]:
+    """Every sample of the exporters' pages, read as Prometheus reads them (prometheus_client's parser).
+
+    A page that is not Prometheus text is left out, as Prometheus fails that target's scrape
+    and keeps the others.
+    """
+    samples: list[custommetrics.Sample] = []
+    for page in pages.values():
+        try:
+            samples += dcgm.parse(page)
+        except ValueError:
+            continue
+    return samples
+
+
 class CachedScraper:
     """All exporters' samples, scraped at most once per ``ttl`` seconds (many HPA queries, one scrape)."""
 
@@ -112,8 +127,7 @@ class CachedScraper:
         with self._lock:
             if time.monotonic() - self._at >= self.ttl:
                 try:
-                    pages = scrape_all(self.client)
-                    self._samples = [s for page in pages.values() for s in dcgm.parse(page)]
+                    self._samples = parse_pages(scrape_all(self.client))
                 except (api.ApiError, api.NotFound, OSError):
                     pass  # keep the last scrape: a blip should not zero every metric
                 self._at = time.monotonic()

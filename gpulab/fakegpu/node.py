@@ -36,13 +36,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..kube import api
+from ..kube.names import ALLOCATED_DEVICES_ANNOTATION
 from ..runtime.devices import AdmissionError, AdmissionPending, ContainerKill, DeviceGrant
 from ..runtime.sandbox import Mount
 from . import faults as faultmod
 from . import ledger as ledgermod
 from ..hardware import models
-from . import nvidiasmi
-from .config import AdvertisedDevice, NodeResources, strip_replica
+from . import cudaerrors, nvidiasmi, smistate
+from .devicemap import AdvertisedDevice, NodeResources, strip_replica
 from .deviceplugin.kubelet import AllocationError, DeviceManager
 from .deviceplugin.plugin import NVIDIA_SMI_CONTAINER_PATH, NVIDIA_SMI_STATE_ENV, VISIBLE_DEVICES_ENV
 from .gfd import CUDA_DRIVER_VERSION, DRIVER_VERSION
@@ -55,7 +56,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("gpulab.fakegpu")
 
 #: Pod annotation the node agent writes after admission: {container: {resource: [device IDs]}}.
-DEVICES_ANNOTATION = "gpulab.io/allocated-devices"
 DEVICE_PLUGIN_DIR = "var/lib/kubelet/device-plugins"
 _CUDA_IMAGE_TAG = re.compile(r"^(\d+)\.(\d+)")
 
@@ -302,7 +302,7 @@ class GpuNode:
         """nvidia-smi state of all GPUs as the host (or a container) sees them now."""
         driver, cuda = self.versions()
         with self.lock:
-            state = nvidiasmi.build_state(self.model, self.count, self.name, mig_layout=self.mig_layout,
+            state = smistate.build_state(self.model, self.count, self.name, mig_layout=self.mig_layout,
                                           driver_version=driver, cuda_version=cuda,
                                           fault=self.faults.driver_fault(in_container))
             for gpu in state["gpus"]:
@@ -338,15 +338,15 @@ class GpuNode:
         """Rewrite the host's and every GPU container's nvidia-smi state."""
         with self.lock:
             host = self.state()
-            nvidiasmi.write_state(str(self.smi_state_path), host)
+            smistate.write_state(str(self.smi_state_path), host)
             inside = self.state(in_container=True)
-            nvidiasmi.write_state(str(self.container_state_path), inside)
+            smistate.write_state(str(self.container_state_path), inside)
             for path in (self.smi_state_path, self.container_state_path):
                 path.chmod(0o644)
             for path, gpus in self._state_files.values():
                 view = dict(inside, gpus=[g for g in inside["gpus"] if g["index"] in gpus])
                 try:
-                    nvidiasmi.write_state(str(path), view)
+                    smistate.write_state(str(path), view)
                     path.chmod(0o644)
                 except OSError as e:
                     log.warning("cannot update %s: %s", path, e)
@@ -400,10 +400,10 @@ class GpuNode:
         with self.lock:
             self._pods[uid] = f"{md['namespace']}/{md['name']}"
         devices = self.manager.pod_devices().get(uid, {})
-        if (md.get("annotations") or {}).get(DEVICES_ANNOTATION) != json.dumps(devices, sort_keys=True):
+        if (md.get("annotations") or {}).get(ALLOCATED_DEVICES_ANNOTATION) != json.dumps(devices, sort_keys=True):
             try:
                 self.stack.client.patch("Pod", md["name"], {"metadata": {"annotations": {
-                    DEVICES_ANNOTATION: json.dumps(devices, sort_keys=True)}}}, md["namespace"])
+                    ALLOCATED_DEVICES_ANNOTATION: json.dumps(devices, sort_keys=True)}}}, md["namespace"])
             except (api.ApiError, api.NotFound, api.Conflict) as e:
                 log.warning("cannot annotate pod %s/%s with its devices: %s", md["namespace"], md["name"], e)
 
@@ -491,7 +491,7 @@ class GpuNode:
             d = self._advertised.get(device_id)
             if d is not None and d.mig is not None:
                 use = ledgermod.DeviceUse(d.device_uuid, d.mig.memory_mib, d.memory_mib, d.gpu_uuid,
-                                          compute_fraction=d.mig.profile.compute_slices / models.MIG_COMPUTE_SLICES)
+                                          compute_fraction=self.model.mig_share(d.mig.profile))
             elif d is not None:
                 use = ledgermod.DeviceUse(d.gpu_uuid, self.model.memory_mib, d.memory_mib, d.gpu_uuid,
                                           compute_fraction=d.compute_share)
@@ -547,7 +547,7 @@ class GpuNode:
         visible = ",".join(dict.fromkeys(
             v for a in self.manager.allocations(owner[0]) if a.container_name == container["name"]
             for v in a.envs.get(VISIBLE_DEVICES_ENV, "").split(",") if v))
-        err = nvidiasmi.cuda_error(self.state(in_container=True), visible,
+        err = cudaerrors.cuda_error(self.state(in_container=True), visible,
                                    cuda_runtime_of(container.get("image", "")))
         if err is not None:
             self._running[owner] = False
@@ -629,12 +629,6 @@ class GpuNode:
     def mig_activity(self, mig_uuid: str) -> float:
         with self.lock:
             return self.ledger.pool_utilization(mig_uuid) / 100
-
-    def gpu_pods(self) -> list[str]:
-        """``namespace/name`` of the pods holding this node's GPUs."""
-        with self.lock:
-            holders = set(self.manager.pod_devices())
-            return sorted(self._pods.get(uid, uid) for uid in holders)
 
 
 def _is_ready(pod: dict[str, Any]) -> bool:

@@ -1,10 +1,10 @@
 """A fake ``nvidia-smi`` that prints what the real one prints.
 
 Runs inside simulated pods, so it is standard library only and imports
-nothing from gpulab at module level: ``python3 -m gpulab.fakegpu.nvidiasmi``
-and ``python3 /path/to/nvidiasmi.py`` both work with any Python 3.9+.
-Everything it shows comes from a JSON state file written by the runtime
-(:func:`build_state` + :func:`write_state`):
+nothing from gpulab: ``python3 -m gpulab.fakegpu.nvidiasmi`` and
+``python3 /path/to/nvidiasmi.py`` both work with any Python 3.9+.
+Everything it shows comes from a JSON state file written on the host
+(:func:`gpulab.fakegpu.smistate.build_state`, then ``write_state``):
 
 ``GPULAB_NVIDIA_SMI_STATE``
     path of the state file. Missing variable or file: the container has no
@@ -25,7 +25,7 @@ State file schema (``"schema": "gpulab.nvidia-smi/v1"``); every field but
       "driver_version": "580.159.04",       # also NVML version (first 2 parts)
       "cuda_version": "13.0",               # CUDA version the driver supports
       "timestamp": null,                    # fixed epoch seconds, or null = now
-      "fault": null,                        # see FAULTS
+      "fault": null,                        # one of FAULTS
       "gpus": [{
         "index": 0, "minor_number": 0,
         "name": "NVIDIA H200", "brand": "NVIDIA", "architecture": "Hopper",
@@ -47,6 +47,7 @@ State file schema (``"schema": "gpulab.nvidia-smi/v1"``); every field but
         "max_clocks": {"graphics": 1980, "sm": 1980, "memory": 3201, "video": 1545},
         "fabric": {"state": "N/A", "status": "N/A"},
         "mig_capable": true, "mig_mode": "Disabled" | "Enabled", "mig_mode_pending": null,
+        "mig_memory_slices": 8, "mig_compute_slices": 7,   # the GPU's MIG slices (4 and 4 on an A30)
         "mig_profiles": [{"name": "1g.18gb", "id": 19, "g": 1, "mem_slices": 1,
                           "instances": 7, "memory_mib": 16384, "sm": 16, "ce": 1,
                           "dec": 1, "enc": 0, "jpeg": 1, "ofa": 0,
@@ -61,9 +62,13 @@ State file schema (``"schema": "gpulab.nvidia-smi/v1"``); every field but
       }]
     }
 
-CUDA programs do not run nvidia-smi, but the chapter's troubleshooting
-lessons need their error strings; :data:`CUDA_ERRORS` and
-:func:`cuda_error` say which one a simulated CUDA program would hit.
+This module is the program and owns the state file format: the schema
+above, :func:`read_state`, the fault names (:data:`FAULTS`) and what
+``NVIDIA_VISIBLE_DEVICES`` selects (:func:`select_visible`). The host
+side builds and writes the file (:mod:`gpulab.fakegpu.smistate`); the
+CUDA errors a simulated program hits are in :mod:`gpulab.fakegpu.cudaerrors`.
+Both import from here, never the other way round: this file is copied
+as is into simulated pods as ``/usr/bin/nvidia-smi``.
 """
 
 from __future__ import annotations
@@ -94,7 +99,7 @@ MSG_INVALID_ARGS = "Invalid combination of input arguments. Please run 'nvidia-s
 MSG_NO_MIG = "No MIG-supported devices found."
 
 # --------------------------------------------------------------------------
-# Faults and the CUDA errors they cause
+# Faults (the state file's ``fault`` field)
 
 #: nvidia-smi cannot reach the driver (module not loaded, no device nodes).
 FAULT_DRIVER_UNREACHABLE = "driver-unreachable"
@@ -108,46 +113,6 @@ FAULT_FABRIC_MANAGER_DOWN = "fabric-manager-down"
 FAULT_CUDA_DRIVER_TOO_OLD = "cuda-driver-too-old"
 
 FAULTS = (FAULT_DRIVER_UNREACHABLE, FAULT_NO_DEVICES, FAULT_FABRIC_MANAGER_DOWN, FAULT_CUDA_DRIVER_TOO_OLD)
-
-
-class CudaError:
-    """A CUDA runtime error as ``cudaGetErrorString`` prints it."""
-
-    __slots__ = ("code", "name", "message")
-
-    def __init__(self, code: int, name: str, message: str):
-        self.code = code
-        self.name = name
-        self.message = message
-
-    def __repr__(self) -> str:
-        return f"CudaError({self.code}, {self.name!r}, {self.message!r})"
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, CudaError) and (self.code, self.name) == (other.code, other.name)
-
-    def __hash__(self) -> int:
-        return hash((self.code, self.name))
-
-
-CUDA_ERROR_INSUFFICIENT_DRIVER = CudaError(
-    35, "cudaErrorInsufficientDriver", "CUDA driver version is insufficient for CUDA runtime version"
-)
-CUDA_ERROR_NO_DEVICE = CudaError(100, "cudaErrorNoDevice", "no CUDA-capable device is detected")
-CUDA_ERROR_SYSTEM_NOT_READY = CudaError(802, "cudaErrorSystemNotReady", "system not yet initialized")
-
-#: By name, for lookups from tests and lessons.
-CUDA_ERRORS = {
-    e.name: e for e in (CUDA_ERROR_INSUFFICIENT_DRIVER, CUDA_ERROR_NO_DEVICE, CUDA_ERROR_SYSTEM_NOT_READY)
-}
-
-#: Which CUDA error each fault makes a CUDA program report.
-FAULT_CUDA_ERRORS = {
-    FAULT_DRIVER_UNREACHABLE: CUDA_ERROR_INSUFFICIENT_DRIVER,  # no usable libcuda at all
-    FAULT_NO_DEVICES: CUDA_ERROR_NO_DEVICE,
-    FAULT_FABRIC_MANAGER_DOWN: CUDA_ERROR_SYSTEM_NOT_READY,
-    FAULT_CUDA_DRIVER_TOO_OLD: CUDA_ERROR_INSUFFICIENT_DRIVER,
-}
 
 
 class StateError(Exception):
@@ -207,135 +172,6 @@ def _from_allocation(doc: dict, path: str) -> dict:
         if value is not None:
             state[key] = value
     return state
-
-
-def write_state(path: str, state: dict) -> None:
-    """Write a state file atomically (readers never see half a file)."""
-    directory = os.path.dirname(os.path.abspath(path))
-    tmp = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}.tmp")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(state, fh, indent=2, sort_keys=True)
-        fh.write("\n")
-    os.replace(tmp, path)
-
-
-def build_state(
-    model,
-    gpu_count: int,
-    node_name: str,
-    *,
-    mig_layout=None,
-    driver_version: str | None = None,
-    cuda_version: str | None = None,
-    fault: str | None = None,
-    timestamp: float | None = None,
-) -> dict:
-    """A state dict for ``gpu_count`` idle GPUs of ``model`` on ``node_name``.
-
-    UUIDs, bus ids and MIG UUIDs are the ones the device plugin advertises
-    (``gpulab.fakegpu.config.advertised_resources``), so a pod's
-    ``NVIDIA_VISIBLE_DEVICES`` resolves here. Needs the gpulab package (it
-    imports the models lazily, keeping the command itself stdlib-only).
-    """
-    from gpulab.fakegpu.config import resolve_mig_layout
-    from gpulab.fakegpu.gfd import CUDA_DRIVER_VERSION, DRIVER_VERSION
-    from gpulab.hardware.models import get_model, gpu_uuid, mig_uuid, pci_bus_id
-
-    if fault is not None and fault not in FAULTS:
-        raise ValueError(f"unknown fault {fault!r}; allowed: {', '.join(FAULTS)}")
-    model = get_model(model)
-    layout = resolve_mig_layout(model, mig_layout)
-    gpus = []
-    for i in range(gpu_count):
-        uuid = gpu_uuid(node_name, i)
-        mig_devices = []
-        if layout.mig_enabled:
-            for j, s in enumerate(layout.slices):
-                p = s.profile
-                mig_devices.append({
-                    "index": j, "gi_id": s.gi_id, "ci_id": s.ci_id, "profile": p.name,
-                    "uuid": mig_uuid(uuid, s.gi_id, s.ci_id), "start": s.start, "mem_slices": p.memory_slices,
-                    "memory_total_mib": p.memory_mib, "memory_used_mib": 0,
-                    "bar1_total_mib": p.bar1_mib, "bar1_used_mib": 0,
-                    "sm": p.multiprocessors, "ce": p.copy_engines, "enc": p.encoders,
-                    "dec": p.decoders, "ofa": p.ofa, "jpg": p.jpeg,
-                })
-        fabric = {"state": "N/A", "status": "N/A"}
-        if model.nvswitch and model.family == "hopper":
-            # Hopper HGX boards report fabric registration; A100 and PCIe don't.
-            fabric = {"state": "Completed", "status": "Success"}
-        if fault == FAULT_FABRIC_MANAGER_DOWN and model.nvswitch:
-            fabric = {"state": "In Progress", "status": "N/A"}
-        gpus.append({
-            "index": i,
-            "minor_number": i,
-            "name": model.product_name,
-            "brand": model.brand,
-            "architecture": model.architecture,
-            "uuid": uuid,
-            "serial": str(int(uuid[4:].replace("-", ""), 16))[:13],
-            "vbios_version": model.vbios_version,
-            "bus_id": pci_bus_id(i),
-            "module_id": i + 1 if model.form_factor == "sxm" else None,
-            "pci_device_id": model.pci.device_id,
-            "pci_subsystem_id": model.pci.subsystem_id,
-            "pcie_gen": model.pci.gen,
-            "pcie_width": model.pci.width,
-            "compute_cap": model.compute_capability,
-            "memory_total_mib": model.memory_mib,
-            "memory_reserved_mib": model.memory_reserved_mib,
-            "memory_used_mib": 0,
-            "bar1_total_mib": model.bar1_mib,
-            "bar1_used_mib": 1,
-            "utilization_gpu": 0,
-            "utilization_memory": 0,
-            "temperature_gpu": model.temperature.idle_c,
-            "temperature_memory": model.temperature.memory_idle_c,
-            "temperature_shutdown": model.temperature.shutdown_c,
-            "temperature_slowdown": model.temperature.slowdown_c,
-            "temperature_max_operating": model.temperature.max_operating_c,
-            "power_draw_w": model.power.idle_w,
-            "power_limit_w": model.power.limit_w,
-            "power_default_limit_w": model.power.limit_w,
-            "power_min_limit_w": model.power.min_w,
-            "power_max_limit_w": model.power.max_w,
-            "pstate": "P0",
-            "fan_speed": None,
-            "persistence_mode": True,
-            "display_active": False,
-            "ecc_enabled": True,
-            "compute_mode": "Default",
-            "clocks": _clock_dict(model.idle_clocks),
-            "max_clocks": _clock_dict(model.max_clocks),
-            "fabric": fabric,
-            "mig_capable": model.mig_capable,
-            "mig_mode": ("Enabled" if layout.mig_enabled else "Disabled") if model.mig_capable else None,
-            "mig_mode_pending": None,
-            "mig_profiles": [
-                {
-                    "name": p.name, "id": p.gi_profile_id, "g": p.compute_slices, "mem_slices": p.memory_slices,
-                    "instances": p.max_instances, "memory_mib": p.memory_mib, "sm": p.multiprocessors,
-                    "ce": p.copy_engines, "dec": p.decoders, "enc": p.encoders, "jpeg": p.jpeg, "ofa": p.ofa,
-                    "placements": list(p.placements),
-                }
-                for p in model.mig_profiles
-            ],
-            "mig_devices": mig_devices,
-            "processes": [],
-        })
-    return {
-        "schema": STATE_SCHEMA,
-        "driver_version": driver_version or DRIVER_VERSION,
-        "cuda_version": cuda_version or CUDA_DRIVER_VERSION,
-        "timestamp": timestamp,
-        "fault": fault,
-        "node": node_name,
-        "gpus": gpus,
-    }
-
-
-def _clock_dict(clocks) -> dict:
-    return {"graphics": clocks.graphics, "sm": clocks.sm, "memory": clocks.memory, "video": clocks.video}
 
 
 # --------------------------------------------------------------------------
@@ -421,32 +257,6 @@ def select_visible(state: dict | None, env_value: str | None) -> tuple[str | Non
     if not views:
         return NO_DEVICES, []
     return None, views
-
-
-def _version_tuple(text: str) -> tuple[int, ...]:
-    return tuple(int(p) for p in str(text).split(".") if p.isdigit())
-
-
-def cuda_error(state: dict | None, env_value: str | None, runtime_version: str | None = None) -> CudaError | None:
-    """The error a CUDA program (built for ``runtime_version``) would get.
-
-    None means CUDA initialises fine. The runtime uses this to make
-    simulated CUDA workloads fail the way the chapter describes.
-    """
-    problem, views = select_visible(state, env_value)
-    if problem == NO_DRIVER:
-        return CUDA_ERROR_INSUFFICIENT_DRIVER
-    if problem == NO_DEVICES:
-        return CUDA_ERROR_NO_DEVICE
-    fault = state.get("fault") if state else None
-    if fault in FAULT_CUDA_ERRORS:
-        return FAULT_CUDA_ERRORS[fault]
-    if runtime_version and _version_tuple(runtime_version) > _version_tuple(state.get("cuda_version", "0")):
-        return CUDA_ERROR_INSUFFICIENT_DRIVER
-    if views and all(v.mig_enabled and not v.migs for v in views):
-        # A MIG-enabled GPU without instances has nothing to run on.
-        return CUDA_ERROR_NO_DEVICE
-    return None
 
 
 # --------------------------------------------------------------------------
@@ -1194,12 +1004,15 @@ def render_q(state: dict, views: list[_View], sections: set | None = None) -> st
 
 def _free_instances(profile: dict, v: _View) -> int:
     """How many more instances of ``profile`` fit next to the existing ones."""
-    used = [False] * 8
+    # The GPU's slices (8 memory / 7 compute on an A100/H100/H200, 4 / 4 on an A30).
+    memory_slices = _int(v.gpu.get("mig_memory_slices", 8), 8)
+    compute_slices = _int(v.gpu.get("mig_compute_slices", 7), 7)
+    used = [False] * memory_slices
     compute = 0
     same = 0
     for m in v.gpu.get("mig_devices") or []:  # occupancy is physical: all devices
         start, size = _int(m.get("start", 0)), _int(m.get("mem_slices", 1))
-        for i in range(start, min(start + size, 8)):
+        for i in range(start, min(start + size, memory_slices)):
             used[i] = True
         compute += _int(str(m.get("profile", "0g"))[0], 0)
         same += m.get("profile") == profile.get("name")
@@ -1207,9 +1020,9 @@ def _free_instances(profile: dict, v: _View) -> int:
     free = 0
     for start in profile.get("placements") or []:
         span = range(start, start + size)
-        if same + free >= _int(profile.get("instances", 0)) or compute + _int(profile.get("g", 1)) > 7:
+        if same + free >= _int(profile.get("instances", 0)) or compute + _int(profile.get("g", 1)) > compute_slices:
             break
-        if all(not used[i] for i in span if i < 8):
+        if all(not used[i] for i in span if i < memory_slices):
             for i in span:
                 used[i] = True
             compute += _int(profile.get("g", 1))

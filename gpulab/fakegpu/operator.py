@@ -38,14 +38,14 @@ from .. import paths
 from ..kube import api
 from ..runtime import programs
 from . import gfd, mig
-from .config import CONFIG_LABEL
-from ..kube.names import OPERATOR_NAMESPACE
+from .pluginconfig import CONFIG_LABEL
+from ..kube.names import CLUSTER_POLICY, OPERATOR_NAMESPACE
 
 if TYPE_CHECKING:
     from .stack import GpuStack
 
 NAMESPACE = OPERATOR_NAMESPACE
-POLICY_NAME = "cluster-policy"
+POLICY_NAME = CLUSTER_POLICY
 OPERATOR_IMAGE = "nvcr.io/nvidia/gpu-operator"
 HASH_ANNOTATION = "nvidia.com/last-applied-hash"
 MANAGER = "gpu-operator"

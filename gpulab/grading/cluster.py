@@ -65,11 +65,14 @@ from types import ModuleType
 from typing import Any
 
 from gpulab import _poll
+from gpulab.cluster import baseline
+from gpulab.cluster.baseline import Restored
+from gpulab.fakegpu import faults
 from gpulab.kube import api, kubeconfig, pki
+from gpulab.kube.names import OPERATOR_NAMESPACE
 
 from . import journal
 from .checks import CheckLoadError, lab_module_name
-from .journal import Restored
 
 GPU = "nvidia.com/gpu"
 GROUP = "gpulab:graded"
@@ -336,145 +339,9 @@ class ClusterCollector:
 # --------------------------------------------------------------------------- cluster-wide state
 
 
-@dataclass
-class ClusterState:
-    """What a cluster-wide lab may change: per node labels/annotations/taints/unschedulable; PriorityClasses."""
-
-    nodes: dict[str, dict[str, Any]]
-    priority_classes: dict[str, dict[str, Any]]
-
-    @classmethod
-    def capture(cls, client: api.Client) -> ClusterState:
-        nodes = {}
-        for node in client.list("Node"):
-            meta, spec = node["metadata"], node.get("spec") or {}
-            nodes[meta["name"]] = {"labels": dict(meta.get("labels") or {}),
-                                   "annotations": dict(meta.get("annotations") or {}),
-                                   "taints": [_taint_key(t) for t in spec.get("taints") or []],
-                                   "unschedulable": bool(spec.get("unschedulable"))}
-        pcs = {}
-        for pc in client.list("PriorityClass"):
-            pcs[pc["metadata"]["name"]] = _clean_priority_class(pc)
-        return cls(nodes, pcs)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"nodes": copy.deepcopy(self.nodes), "priority_classes": copy.deepcopy(self.priority_classes)}
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> ClusterState:
-        return cls(copy.deepcopy(dict(data.get("nodes") or {})), copy.deepcopy(dict(data.get("priority_classes") or {})))
-
-    def restore(self, client: api.Client, details: list[Restored] | None = None) -> list[str]:
-        """Put nodes and PriorityClasses back as captured; returns what had to change (for logs).
-
-        ``details`` gets one :class:`Restored` per label, annotation, taint,
-        cordon and PriorityClass put back (what a recovered journal reports).
-        """
-        changed = []
-        details = details if details is not None else []
-        now = ClusterState.capture(client)
-        for name, want in self.nodes.items():
-            have = now.nodes.get(name)
-            if have is None or have == want:
-                continue
-            patch: dict[str, Any] = {"metadata": {}, "spec": {}}
-            for key in ("labels", "annotations"):
-                if have[key] != want[key]:
-                    diff = {k: v for k, v in want[key].items() if have[key].get(k) != v}
-                    diff.update({k: None for k in have[key] if k not in want[key]})
-                    patch["metadata"][key] = diff
-                    what = key[:-1]
-                    details += [Restored(what, name, "removed", k) if v is None else
-                                Restored(what, name, "restored", f"{k}={v}") for k, v in diff.items()]
-            if have["taints"] != want["taints"]:
-                patch["spec"]["taints"] = [dict(t) for t in want["taints"]] or None
-                details += [Restored("taint", name, "removed", journal.taint_text(t))
-                            for t in have["taints"] if t not in want["taints"]]
-                details += [Restored("taint", name, "added", journal.taint_text(t))
-                            for t in want["taints"] if t not in have["taints"]]
-            if have["unschedulable"] != want["unschedulable"]:
-                patch["spec"]["unschedulable"] = want["unschedulable"] or None
-                details.append(Restored("unschedulable", name, "cordoned" if want["unschedulable"] else "uncordoned"))
-            client.patch("Node", name, patch)
-            changed.append(f"node/{name}")
-        for name in sorted(set(now.priority_classes) - set(self.priority_classes)):
-            client.delete("PriorityClass", name)
-            changed.append(f"priorityclass/{name} deleted")
-            details.append(Restored("priorityclass", name, "deleted"))
-        for name, want in self.priority_classes.items():
-            have = now.priority_classes.get(name)
-            if have == want:
-                continue
-            if have is not None:
-                client.delete("PriorityClass", name)
-                _wait(lambda n=name: client.get("PriorityClass", n) is None, 30, f"PriorityClass {name} gone")
-            client.create(copy.deepcopy(want))
-            changed.append(f"priorityclass/{name} restored")
-            details.append(Restored("priorityclass", name, "restored"))
-        return changed
-
-
-def _taint_key(taint: Mapping[str, Any]) -> dict[str, Any]:
-    # timeAdded is set by the node lifecycle controller for NoExecute taints and is not part of the taint's identity.
-    return {k: v for k, v in taint.items() if k != "timeAdded" and v not in (None, "")}
-
-
-def _clean_priority_class(pc: Mapping[str, Any]) -> dict[str, Any]:
-    keep = {k: v for k, v in pc.items() if k not in ("metadata", "status")}
-    meta = pc.get("metadata") or {}
-    keep["metadata"] = {k: meta[k] for k in ("name", "labels", "annotations") if meta.get(k)}
-    keep.setdefault("kind", "PriorityClass")
-    keep.setdefault("apiVersion", "scheduling.k8s.io/v1")
-    return keep
-
-
-def topology_baseline(source: Path | Any | None) -> dict[str, dict[str, Any]]:
-    """Per node, the labels and taints the topology gives it at bring-up ({} when unknown).
-
-    ``source`` is a cluster object of either backend (anything with ``topology()``)
-    or the directory of an embedded cluster.
-    """
-    if source is None:
-        return {}
-    from gpulab.cluster import nodes
-    from gpulab.cluster.embedded import EmbeddedCluster
-    from gpulab.kube.names import NODE_ANNOTATION
-
-    topo = (source if hasattr(source, "topology") else EmbeddedCluster(Path(source))).topology()
-    baseline = {}
-    for node_spec in topo.nodes:
-        obj = nodes.node_object(node_spec, NODE_ANNOTATION)
-        baseline[node_spec.name] = {"labels": obj["metadata"]["labels"],
-                                    "taints": [_taint_key(t) for t in (obj.get("spec") or {}).get("taints") or []]}
-    return baseline
-
-
-def normalize(client: api.Client, spec: LabSpec, baseline: Mapping[str, Mapping[str, Any]]) -> None:
+def normalize(client: api.Client, spec: LabSpec, topology: Mapping[str, Mapping[str, Any]]) -> None:
     """Before a cluster-wide run: the lab's node keys as the topology has them, its PriorityClasses absent."""
-    def once(name: str) -> None:
-        node = client.get("Node", name)
-        if node is None:
-            return
-        base = baseline.get(name, {"labels": {}, "taints": []})
-        labels = node["metadata"].get("labels") or {}
-        label_patch = {k: base["labels"].get(k) for k in spec.node_labels if labels.get(k) != base["labels"].get(k)}
-        taints = [_taint_key(t) for t in (node.get("spec") or {}).get("taints") or []]
-        wanted = [t for t in taints if t.get("key") not in spec.node_taints]
-        wanted += [t for t in base["taints"] if t.get("key") in spec.node_taints]
-        patch: dict[str, Any] = {}
-        if label_patch:
-            patch["metadata"] = {"labels": label_patch}
-        if sorted(map(str, wanted)) != sorted(map(str, taints)):
-            # The whole list is replaced: only over the version it was computed from.
-            rv = node["metadata"].get("resourceVersion")
-            if rv:
-                patch.setdefault("metadata", {})["resourceVersion"] = rv
-            patch["spec"] = {"taints": wanted or None}
-        if patch:
-            client.patch("Node", name, patch)
-
-    for node in client.list("Node"):
-        api.retry_on_conflict(lambda n=node["metadata"]["name"]: once(n))
+    baseline.node_keys_back(client, topology, spec.node_labels, spec.node_taints)
     for name in spec.priority_classes:
         if client.delete("PriorityClass", name):
             _wait(lambda n=name: client.get("PriorityClass", n) is None, 30, f"PriorityClass {name} gone")
@@ -502,7 +369,7 @@ class _Prepared:
     learner: str
     namespaces: list[str]
     kubeconfig: Path
-    state: ClusterState | None = None
+    state: baseline.ClusterState | None = None
     set_up: bool = False
     injected: list[dict[str, Any]] = field(default_factory=list)
     record: journal.Journal | None = None  # what a killed grader's successor restores
@@ -541,7 +408,7 @@ class ClusterSandbox:
                       reset_cluster=(lambda: cluster.reset(say=lambda _m: None)) if restore == "reset" else None)
         if spec.cluster_wide:
             # The cluster object knows its own topology, whichever backend runs it.
-            sandbox._baseline = topology_baseline(cluster)
+            sandbox._baseline = baseline.topology_baseline(cluster)
         return sandbox
 
     # -- the protocol ------------------------------------------------------------
@@ -550,7 +417,7 @@ class ClusterSandbox:
         names = self.spec.namespace_names(namespace)
         state = record = None
         if self.spec.cluster_wide:
-            state = ClusterState.capture(self.client)
+            state = baseline.ClusterState.capture(self.client)
             # Journaled before anything changes: a grader killed from here on is cleaned up after next time.
             record = self._open_journal(namespace, learner, names, state)
         self._prepared[namespace] = prepared = _Prepared(learner, names, self.work_dir / f"{namespace}.kubeconfig",
@@ -558,7 +425,7 @@ class ClusterSandbox:
         try:
             if self.spec.cluster_wide:
                 if self._baseline is None:
-                    self._baseline = topology_baseline(self.cluster_root)
+                    self._baseline = baseline.topology_baseline(self.cluster_root)
                 normalize(self.client, self.spec, self._baseline)
             self._ensure_cluster_roles()
             for ns in names:
@@ -604,21 +471,17 @@ class ClusterSandbox:
             prepared.record.close()
 
     def _open_journal(self, namespace: str, learner: str, names: list[str],
-                      state: ClusterState) -> journal.Journal | None:
+                      state: baseline.ClusterState) -> journal.Journal | None:
         """Record what this run may change and how it was (see :mod:`gpulab.grading.journal`); None without a root."""
         if self.cluster_root is None:
             return None
-        from gpulab.fakegpu import faults
-
-        from . import gpustack
-
         changes = self.spec.changes
         before: dict[str, Any] = state.to_dict()
-        gpu_nodes = gpustack.gpu_nodes(self.cluster_root) if "faults" in changes else None
+        gpu_nodes = baseline.gpu_nodes(self.cluster_root) if "faults" in changes else None
         if gpu_nodes is not None:
             before["faults"] = faults.snapshot(self.cluster_root, sorted(gpu_nodes))
         if "gpu-stack" in changes:
-            before["gpu_stack"] = gpustack.capture(self.client)
+            before["gpu_stack"] = baseline.capture(self.client)
         cleanup = {"cluster_binding": self._cluster_binding_name(namespace) if self.spec.cluster_rules else None,
                    "grants": "gpu-stack" in changes}
         return journal.Journal.open(self.cluster_root, lab=self.spec.lab, namespace=namespace, learner=learner,
@@ -730,6 +593,43 @@ class ClusterSandbox:
             key.unlink(missing_ok=True)
 
 
+# --------------------------------------------------------------------------- the GPU stack's grants
+
+STACK_GRANT_PREFIX = "gpulab:grading:"
+
+
+def _stack_grant_name(namespace: str) -> str:
+    return f"{STACK_GRANT_PREFIX}{namespace}"
+
+
+# Node events (DevicePluginConfigInvalid, MigConfigFailed) are in "default"; the learner may read them.
+STACK_GRANTS = {OPERATOR_NAMESPACE: [{"apiGroups": [""], "resources": ["configmaps"], "verbs": _ALL}],
+          "default": [{"apiGroups": [""], "resources": ["events"], "verbs": ["get", "list", "watch"]}]}
+
+
+def grant_stack(client: api.Client, namespace: str, user: str) -> None:
+    """For labs that reconfigure the GPU stack: let ``user`` manage ConfigMaps in the operator's namespace and
+    read node events in ``default`` (a Role and RoleBinding in each, never a cluster-wide grant)."""
+    name = _stack_grant_name(namespace)
+    for ns, rules in STACK_GRANTS.items():
+        for kind in ("RoleBinding", "Role"):  # leftovers of an interrupted grader
+            for obj in client.list(kind, ns, label_selector=f"{LABEL_GRADING}=true"):
+                client.delete(kind, obj["metadata"]["name"], ns)
+        client.create({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+                       "metadata": {"name": name, "namespace": ns, "labels": {LABEL_GRADING: "true"}},
+                       "rules": rules})
+        client.create({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+                       "metadata": {"name": name, "namespace": ns, "labels": {LABEL_GRADING: "true"}},
+                       "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+                       "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}]})
+
+
+def revoke_stack(client: api.Client, namespace: str) -> None:
+    for ns in STACK_GRANTS:
+        for kind in ("RoleBinding", "Role"):
+            client.delete(kind, _stack_grant_name(namespace), ns)
+
+
 def delete_leftovers(client: api.Client, prefix: str) -> list[str]:
     """Delete what an interrupted grader left for namespaces named ``<prefix>…``: namespaces, ClusterRoles, bindings.
 
@@ -758,13 +658,11 @@ def restore_journal(client: api.Client, record: journal.Journal, timeout: float 
 
     In the order a finished run's ``TEARDOWN`` and release would have: the run's
     namespaces and grants go (their pods may hold GPUs), GPU faults are set back
-    and the stack settles (:func:`gpustack.repair_faults`), the GPU stack's
-    objects are restored (:func:`gpustack.restore`), then nodes and
-    PriorityClasses (:meth:`ClusterState.restore`). On an error the exception
+    and the stack settles (:func:`baseline.repair_faults`), the GPU stack's
+    objects are restored (:func:`baseline.restore`), then nodes and
+    PriorityClasses (:meth:`baseline.ClusterState.restore`). On an error the exception
     carries what was already done as ``restored``.
     """
-    from . import gpustack
-
     rec = record.record
     before, changes = rec["before"], set(rec.get("changes") or ())
     root = record.path.parent.parent
@@ -786,17 +684,17 @@ def restore_journal(client: api.Client, record: journal.Journal, timeout: float 
                 if client.delete(kind, cleanup["cluster_binding"]):
                     done.append(Restored("grant", cleanup["cluster_binding"], "deleted", kind))
         if cleanup.get("grants"):
-            gpustack.revoke_configmaps(client, rec["namespace"])
+            revoke_stack(client, rec["namespace"])
         _wait(lambda: not any(client.list("Pod", ns) for ns in names), timeout,
               f"the pods of {', '.join(names)} to be gone")
         if "faults" in changes and "faults" in before:
-            nodes = gpustack.gpu_nodes(root)
+            nodes = baseline.gpu_nodes(root)
             if nodes:
-                done += gpustack.repair_faults(client, root, nodes, before["faults"], timeout, settle_unchanged=False)
+                done += baseline.repair_faults(client, root, nodes, before["faults"], timeout, settle_unchanged=False)
         stack = before.get("gpu_stack")
-        if "gpu-stack" in changes and stack and gpustack.differs(client, stack):
-            done += gpustack.restore(client, stack, timeout)
-        ClusterState.from_dict(before).restore(client, done)
+        if "gpu-stack" in changes and stack and baseline.differs(client, stack):
+            done += baseline.restore(client, stack, timeout)
+        baseline.ClusterState.from_dict(before).restore(client, done)
     except Exception as exc:
         exc.restored = done  # type: ignore[attr-defined]
         raise
@@ -812,4 +710,4 @@ def recover(cluster: Any, client: api.Client | None = None) -> list[journal.Outc
         if not cluster.exists() or not cluster.is_up():
             return []
         client = api.Client(cluster.kubeconfig)
-    return journal.recover(root, client)
+    return journal.recover(root, client, restore_journal)

@@ -37,6 +37,7 @@ from .gradebook import (
 )
 from .jail import Jail
 from .runner import Runner
+from .secret import SecretError, ensure as ensure_secret, path as secret_path
 
 
 class GradingError(RuntimeError):
@@ -89,9 +90,17 @@ class Setup:
 def setup(lab: str, *, cluster: Any = None, hidden: str | Path | None = None, jail: bool = True,
           masks: Iterable[str | Path] = (), restore: str = "targeted", cell_timeout: float | None = None,
           timeout: float | None = None) -> Setup:
-    """Build the runner, collector and sandbox for ``lab`` on ``cluster`` (default: the local one)."""
+    """Build the runner, collector and sandbox for ``lab`` on ``cluster`` (default: the local one).
+
+    The grading secret (:mod:`gpulab.grading.secret`) is created here when this
+    ``GPULAB_HOME`` has none, and masked from the jail like the hidden checks.
+    """
     spec = _spec(lab)
     cluster = _cluster(cluster)
+    try:
+        ensure_secret()
+    except (SecretError, OSError) as exc:
+        raise GradingError(f"cannot read or create the grading secret: {exc}") from exc
     try:
         suite = load_lab_checks(lab)
         if hidden is not None:
@@ -100,7 +109,7 @@ def setup(lab: str, *, cluster: Any = None, hidden: str | Path | None = None, ja
         raise GradingError(str(exc)) from exc
     cage = None
     if jail:
-        cage = Jail(mask=[p for p in (hidden, *masks) if p is not None])
+        cage = Jail(mask=[p for p in (hidden, secret_path().parent, *masks) if p is not None])
         try:
             cage.check()
         except RuntimeError as exc:

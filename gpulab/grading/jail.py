@@ -2,18 +2,22 @@
 
 A submission is code from a learner, run on the instructor's machine next to
 the cluster's CA key, the admin kubeconfig, etcd (no authentication, on
-127.0.0.1), the hidden checks and every other learner's work. RBAC only
-means something if the kernel can reach none of those, so
+127.0.0.1), the hidden checks, the solutions and every other learner's work.
+RBAC only means something if the kernel can reach none of those, so
 :class:`gpulab.grading.runner.Runner` with a :class:`Jail` starts papermill
-(and so the kernel and whatever it spawns) through
-:mod:`gpulab.grading._jail_init`, which gives it
+(and so the kernel and whatever it spawns) in gpulab's sandbox
+(:mod:`gpulab.runtime.sandbox`, the one pods run in, ``GPULAB_SANDBOX``
+chooses it), set up to expose only
 
-- its own root: system directories, the Python installation and the
-  repository, read-only — with the instructor's private directories (hidden
-  checks, submissions, the output folder) masked even where they lie inside
-  the repository — plus a private ``/tmp`` and one writable run directory;
-  the grader's home, ``GPULAB_HOME`` and everything else on the host are not
-  there;
+- the system directories, the Python installation, and of the repository the
+  ``gpulab`` package (the code a lab imports, its visible checks included) and
+  ``manifests/`` (the lab's files), all read-only: not ``solutions/``, not the
+  tests and their fixtures, nothing else of the checkout; the instructor's
+  private directories (hidden checks, submissions, the output folder) are
+  masked even where they lie inside an exposed path;
+- a private ``/tmp`` and one writable run directory (the submission's copy,
+  its working directory and outputs); the grader's home, ``GPULAB_HOME``
+  (PKI, kubeconfigs, the cluster's state) and everything else are not there;
 - its own network: nothing but a relay to the apiserver named in the kernel's
   ``KUBECONFIG`` (the restricted identity's), at the same 127.0.0.1 address,
   so TLS verification works unchanged;
@@ -21,21 +25,27 @@ means something if the kernel can reach none of those, so
   uid inside a user namespace with no capabilities; ``no_new_privs``;
   limits on address space, processes, file size and open files.
 
-Needs root or unprivileged user namespaces (as the pod sandbox does).
+In the namespaces sandbox (the default: root or unprivileged user namespaces)
+that is a root of its own in a tmpfs. In the weaker process sandbox
+(``GPULAB_SANDBOX=process``) proot gives the same view of the file system on
+an empty root of its own, with a seccomp filter against the system calls it
+does not translate; there is no network isolation there (the kernel talks to
+the apiserver directly, and could reach etcd), read-only is not enforced
+beyond file permissions, and a submission that attacks proot itself gets
+out: grade untrusted submissions in the namespaces sandbox.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import urllib.parse
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,13 +53,12 @@ from typing import Any
 import yaml
 
 import gpulab
+from gpulab.runtime import sandbox
 
-# The relay outside the jail pumps bytes as the one inside it does (one copy).
-from ._jail_init import _pump
+NOBODY = sandbox.NOBODY
 
-NOBODY = 65534
-
-INIT = Path(__file__).with_name("_jail_init.py")
+# What a submission sees of the repository: the package it imports and the lab's files.
+REPO_EXPOSED = ("gpulab", "manifests")
 
 
 class JailUnavailable(RuntimeError):
@@ -76,8 +85,11 @@ def _outermost(paths: Sequence[Path]) -> list[Path]:
 
 
 def _system_path(path: Path) -> bool:
-    return any(path == Path(d) or Path(d) in path.parents for d in ("/usr", "/bin", "/sbin", "/lib", "/lib64",
-                                                                      "/etc"))
+    return any(path == Path(d) or Path(d) in path.parents for d in sandbox.SYSTEM_DIRS)
+
+
+def _within(path: Path, roots: Sequence[Path]) -> bool:
+    return any(path == r or r in path.parents for r in roots)
 
 
 @dataclass
@@ -91,23 +103,30 @@ class Jail:
     file_bytes: int = 256 << 20
     nofile: int = 4096
     tmp_size: str = "512m"
-    python: str = sys.executable
     _checked: bool = field(default=False, init=False, repr=False)
 
     # -- what is visible ------------------------------------------------------
 
     def kept(self) -> list[Path]:
         """Host paths visible read-only inside (besides system directories and the run directory)."""
-        paths = [_repo_root(), *_python_roots(), *(Path(p) for p in self.keep)]
+        repo = _repo_root()
+        paths = [*(repo / name for name in REPO_EXPOSED), *_python_roots(), *(Path(p) for p in self.keep)]
         return [p for p in _outermost([p for p in paths if p.exists()]) if not _system_path(p)]
 
     def masks(self) -> list[Path]:
-        """Masked paths that would otherwise be visible (inside a kept path)."""
+        """Masked paths that would otherwise be visible (inside a kept path).
+
+        Besides ``mask``: the rest of the repository, should a kept path hold
+        it (a Python installation around the checkout).
+        """
         kept = self.kept()
+        repo = _repo_root()
+        private = [e for e in repo.iterdir() if e.name not in REPO_EXPOSED and e.is_dir() and not e.is_symlink()
+                   and not any(_within(k, [e.resolve()]) for k in kept)] if repo.is_dir() else []
         found = []
-        for m in self.mask:
+        for m in [*self.mask, *private]:
             path = Path(m).resolve()
-            if any(path == k or k in path.parents for k in kept):
+            if _within(path, kept):
                 found.append(path)
         return found
 
@@ -147,54 +166,42 @@ class Jail:
             self.own(target)
             env["KUBECONFIG"] = str(target)
             upstream = _apiserver(target)
+            if sandbox.kind() == "process":
+                upstream = None  # no network of its own: the kernel reaches the apiserver as it is
         return env, upstream
 
     def spec(self, argv: Sequence[str], env: Mapping[str, str], cwd: Path, run_dir: Path,
              relay_port: int | None) -> dict[str, Any]:
-        root = Path(tempfile.mkdtemp(prefix="gpulab-jailroot-"))
-        binds = [{"source": str(p), "target": str(p)} for p in self.kept()]
-        binds.append({"source": str(run_dir), "target": str(run_dir), "rw": True})
-        spec: dict[str, Any] = {
-            "argv": list(argv), "env": dict(env), "cwd": str(cwd), "root": str(root), "binds": binds,
-            "masks": [str(p) for p in self.masks()], "python": self.python, "tmp_size": self.tmp_size,
-            "uid": self.uid, "gid": self.uid,
-            "limits": {"memory_bytes": self.memory_bytes, "nproc": self.nproc, "file_bytes": self.file_bytes,
-                       "nofile": self.nofile},
-        }
-        if relay_port is not None:
-            spec["relay"] = {"port": relay_port, "socket": str(run_dir / "apiserver.sock")}
-        return spec
+        """The sandbox of one run (:func:`gpulab.runtime.sandbox.prepare`'s JSON): what the jail exposes."""
+        scratch = Path(tempfile.mkdtemp(prefix="gpulab-jailroot-"))
+        scratch.chmod(0o755)  # the process sandbox's user reaches its root, /dev and /tmp in there
+        mounts = [sandbox.Mount(str(p), str(p), read_only=True) for p in self.kept()]
+        mounts.append(sandbox.Mount(str(run_dir), str(run_dir)))
+        box = sandbox.SandboxSpec(
+            argv=list(argv), env=dict(env), rootfs=scratch / "root", workdir=str(cwd),
+            mounts=sorted(mounts, key=lambda m: m.container_path.count("/")),
+            masks=[str(p) for p in sorted(self.masks(), key=lambda p: len(p.parts))],
+            uid=self.uid, gid=self.uid, memory_bytes=self.memory_bytes, nproc=self.nproc,
+            file_bytes=self.file_bytes, nofile=self.nofile, nice=0,
+            bare_root=True, tmp_size=self.tmp_size, proc_fallback=True, loopback=True,
+            relay=(relay_port, str(run_dir / "apiserver.sock")) if relay_port is not None else None,
+            namespace_root=False, no_new_privs=True, what="the grading jail")
+        try:
+            return sandbox.prepare(box)
+        except BaseException:
+            sandbox.discard({"scratch": str(scratch), "rootfs": str(box.rootfs)})
+            raise
 
-    def command(self, spec_path: Path) -> list[str]:
-        return [self.python, "-I", "-S", str(INIT), str(spec_path)]
+    @staticmethod
+    def command(spec_path: Path) -> list[str]:
+        return sandbox.command(spec_path)
 
     @staticmethod
     def cleanup(spec: Mapping[str, Any]) -> None:
-        with contextlib.suppress(OSError):
-            os.rmdir(spec["root"])  # a mount point only inside the jail's mount namespace; empty here
+        sandbox.discard(spec)
 
-    # -- the host half of the apiserver relay --------------------------------
-
-    @contextlib.contextmanager
-    def relay(self, socket_path: Path, upstream: tuple[str, int] | None) -> Iterator[None]:
-        if upstream is None:
-            yield
-            return
-        server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        server.bind(str(socket_path))
-        socket_path.chmod(0o666)
-        server.listen(64)
-        server.settimeout(0.2)
-        stop = threading.Event()
-        thread = threading.Thread(target=_accept_loop, args=(server, upstream, stop), daemon=True,
-                                  name="gpulab-jail-relay")
-        thread.start()
-        try:
-            yield
-        finally:
-            stop.set()
-            thread.join(timeout=2)
-            server.close()
+    # The host half of the apiserver relay.
+    relay = staticmethod(sandbox.relay)
 
     # -- availability ----------------------------------------------------------
 
@@ -203,21 +210,30 @@ class Jail:
         if self._checked:
             return
         run_dir = self.make_run_dir()
-        spec = self.spec(["/bin/true"], {"PATH": "/usr/bin:/bin"}, run_dir, run_dir, None)
-        spec_path = run_dir / ".jail.json"
+        spec: dict[str, Any] = {}
         try:
-            import json
-
+            # The interpreter, not just /bin/true: the jail's user must reach the Python installation too.
+            spec = self.spec([sys.executable, "-I", "-S", "-c", ""], {"PATH": "/usr/bin:/bin"}, run_dir, run_dir,
+                             None)
+            spec_path = run_dir / ".jail.json"
             spec_path.write_text(json.dumps(spec), encoding="utf-8")
             proc = subprocess.run(self.command(spec_path), capture_output=True, text=True, timeout=30)
+            reason = (proc.stderr or proc.stdout).strip() or f"exit status {proc.returncode}"
+        except sandbox.SandboxUnavailable as exc:
+            proc, reason = None, str(exc)
         finally:
-            self.cleanup(spec)
+            if spec:
+                self.cleanup(spec)
             shutil.rmtree(run_dir, ignore_errors=True)
-        if proc.returncode != 0:
+        if proc is None or proc.returncode != 0:
+            needs = ("grading needs root or unprivileged user namespaces "
+                     "(sysctl kernel.unprivileged_userns_clone=1)")
+            with contextlib.suppress(sandbox.SandboxUnavailable):
+                if sandbox.kind() == "process":
+                    needs = (f"{sandbox.SANDBOX_ENV}=process needs setpriv, proot and a Python installation "
+                             "that the jail's user may read")
             raise JailUnavailable(
-                "cannot confine graded notebooks on this machine "
-                f"({(proc.stderr or proc.stdout).strip() or f'exit status {proc.returncode}'}); "
-                "grading needs root or unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1). "
+                f"cannot confine graded notebooks on this machine ({reason}); {needs}. "
                 "--no-jail runs submissions with the grader's own file and network access")
         self._checked = True
 
@@ -232,22 +248,3 @@ def _apiserver(kubeconfig: Path) -> tuple[str, int]:
     if url.hostname not in ("127.0.0.1", "localhost") or not url.port:
         raise JailUnavailable(f"the jail relays only a local apiserver (https://127.0.0.1:PORT), not {server}")
     return "127.0.0.1", url.port
-
-
-def _accept_loop(server: socket.socket, upstream: tuple[str, int], stop: threading.Event) -> None:
-    while not stop.is_set():
-        try:
-            client, _ = server.accept()
-        except TimeoutError:
-            continue
-        except OSError:
-            return
-        client.settimeout(None)
-        try:
-            target = socket.create_connection(upstream, timeout=10)
-            target.settimeout(None)
-        except OSError:
-            client.close()
-            continue
-        for a, b in ((client, target), (target, client)):
-            threading.Thread(target=_pump, args=(a, b), daemon=True).start()

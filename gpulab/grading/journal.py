@@ -34,6 +34,7 @@ from typing import Any
 
 from gpulab import _proc
 from gpulab._fsutil import atomic_write_json, locked
+from gpulab.cluster.baseline import Restored
 
 VERSION = 1
 DIRNAME = "journal"
@@ -203,55 +204,6 @@ def pending(cluster_root: str | os.PathLike[str]) -> tuple[list[Journal], list[t
     return found, bad
 
 
-# --------------------------------------------------------------------------- what recovery says
-
-
-# (what, action) -> (English, zh-CN); {subject} is a node or object name, {detail} a key, value or fault.
-_TEXT = {
-    ("namespace", "deleted"): ("namespace {subject} deleted", "删除了评分用的命名空间 {subject}"),
-    ("grant", "deleted"): ("{detail} {subject} deleted", "删除了评分用的 {detail} {subject}"),
-    ("fault", "cleared"): ("{subject}: fault {detail} cleared", "{subject}：清除了故障 {detail}"),
-    ("fault", "set"): ("{subject}: fault {detail} set again (it was there before)",
-                       "{subject}：恢复了评分前就有的故障 {detail}"),
-    ("label", "restored"): ("{subject}: label {detail} restored", "{subject}：标签恢复为 {detail}"),
-    ("label", "removed"): ("{subject}: label {detail} removed", "{subject}：去掉了标签 {detail}"),
-    ("annotation", "restored"): ("{subject}: annotation {detail} restored", "{subject}：注解恢复为 {detail}"),
-    ("annotation", "removed"): ("{subject}: annotation {detail} removed", "{subject}：去掉了注解 {detail}"),
-    ("taint", "removed"): ("{subject}: taint {detail} removed", "{subject}：去掉了污点 {detail}"),
-    ("taint", "added"): ("{subject}: taint {detail} put back", "{subject}：恢复了污点 {detail}"),
-    ("unschedulable", "cordoned"): ("{subject}: cordoned again (as before)", "{subject}：恢复为不可调度（cordon）"),
-    ("unschedulable", "uncordoned"): ("{subject}: uncordoned", "{subject}：恢复为可调度（uncordon）"),
-    ("priorityclass", "deleted"): ("PriorityClass {subject} deleted", "删除了 PriorityClass {subject}"),
-    ("priorityclass", "restored"): ("PriorityClass {subject} restored", "恢复了 PriorityClass {subject}"),
-    ("clusterpolicy", "restored"): ("ClusterPolicy {subject}: spec restored",
-                                    "ClusterPolicy {subject} 的 spec 恢复为评分前的样子"),
-    ("configmap", "deleted"): ("ConfigMap {subject} deleted", "删除了 ConfigMap {subject}"),
-    ("configmap", "restored"): ("ConfigMap {subject} restored", "恢复了 ConfigMap {subject}"),
-}
-
-
-@dataclass(frozen=True)
-class Restored:
-    """One thing put back: ``what`` (label, taint, fault …) of ``subject`` (a node, an object), ``action`` taken."""
-
-    what: str
-    subject: str
-    action: str
-    detail: str = ""
-
-    def text(self, lang: str = "en") -> str:
-        en, zh = _TEXT.get((self.what, self.action), ("{subject}: {what} {detail} {action}",) * 2)
-        template = zh if lang.startswith("zh") else en
-        return " ".join(template.format(subject=self.subject, detail=self.detail, what=self.what,
-                                        action=self.action).split())
-
-
-def taint_text(taint: Mapping[str, Any]) -> str:
-    """``key=value:Effect`` as kubectl writes a taint."""
-    value = f"={taint['value']}" if taint.get("value") else ""
-    return f"{taint.get('key')}{value}:{taint.get('effect')}"
-
-
 # --------------------------------------------------------------------------- recovery
 
 
@@ -313,17 +265,15 @@ def cluster_uid(client: Any) -> str | None:
 
 
 def recover(cluster_root: str | os.PathLike[str] | None, client: Any,
-            restore: Callable[[Any, Journal], list[Restored]] | None = None) -> list[Outcome]:
+            restore: Callable[[Any, Journal], list[Restored]]) -> list[Outcome]:
     """Restore what killed graders left (see the module docstring); what was done, one :class:`Outcome` each.
 
-    ``restore(client, journal)`` puts one journal's state back (default:
-    :func:`gpulab.grading.cluster.restore_journal`). A journal whose restore
+    ``restore(client, journal)`` puts one journal's state back
+    (:func:`gpulab.grading.cluster.restore_journal`). A journal whose restore
     fails stays for the next try; the others are still handled.
     """
     if cluster_root is None or not journal_dir(cluster_root).is_dir():
         return []
-    if restore is None:
-        from .cluster import restore_journal as restore
     outcomes: list[Outcome] = []
     directory = journal_dir(cluster_root)
     # Two notebooks starting at once must not both put the same things back.

@@ -228,8 +228,9 @@ class Runner:
 
     With a ``jail`` (:class:`gpulab.grading.jail.Jail`) papermill and the
     kernel run confined: a copy of the notebook in a private run directory,
-    no view of the host beyond system directories, Python and the repository,
-    and no network but the apiserver of ``KUBECONFIG``. Outputs are moved to
+    no view of the host beyond system directories, Python, the package and the
+    lab manifests (never ``solutions/``), and, in the namespaces sandbox, no
+    network but the apiserver of ``KUBECONFIG``. Outputs are moved to
     ``work_dir`` afterwards, so callers see the same files either way.
     """
 

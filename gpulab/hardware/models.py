@@ -9,6 +9,9 @@ into frozen dataclasses, checks them, and answers the questions the rest of
 - which MIG layouts exist for it, named as NVIDIA's mig-parted configs are
   (``all-disabled``, ``all-enabled``, ``all-<profile>``, ``all-balanced``),
   and where each GPU instance lands (``model.mig_layout("all-1g.10gb")``);
+- how many memory and compute slices MIG cuts it into (8 and 7 on an
+  A100/H100/H200, 4 and 4 on an A30), and so what share of the GPU one
+  instance is (``model.mig_share("1g.10gb")``, 1/7 on an H100);
 - the identity of simulated devices: GPU and MIG UUIDs and PCI bus ids,
   deterministic so that the device plugin, GFD and ``nvidia-smi`` agree.
 
@@ -30,8 +33,6 @@ from typing import Any
 import yaml
 
 __all__ = [
-    "MIG_MEMORY_SLICES",
-    "MIG_COMPUTE_SLICES",
     "LAYOUT_ALL_DISABLED",
     "LAYOUT_ALL_ENABLED",
     "LAYOUT_ALL_BALANCED",
@@ -63,10 +64,6 @@ __all__ = [
 
 MODELS_FILE = Path(__file__).with_name("models.yaml")
 SCHEMA = "gpulab.fakegpu/models/v1"
-
-#: A MIG-capable A100/H100/H200 has 8 memory slices and 7 compute slices.
-MIG_MEMORY_SLICES = 8
-MIG_COMPUTE_SLICES = 7
 
 LAYOUT_ALL_DISABLED = "all-disabled"
 LAYOUT_ALL_ENABLED = "all-enabled"
@@ -292,6 +289,10 @@ class GpuModel:
     machine: str
     mig_profiles: tuple[MigProfile, ...] = ()
     mig_balanced: tuple[tuple[str, int], ...] = ()
+    #: Memory slices GPU instances are placed on (8 on A100/H100/H200, 4 on
+    #: A30) and compute slices they share (7, or 4); 0 when not MIG-capable.
+    mig_memory_slices: int = 0
+    mig_compute_slices: int = 0
     _layouts: dict[str, MigLayout] = field(default_factory=dict, repr=False, compare=False)
 
     # -- identity ----------------------------------------------------------
@@ -319,6 +320,15 @@ class GpuModel:
                 return p
         allowed = ", ".join(p.name for p in self.mig_profiles) or "none (not MIG-capable)"
         raise GpuModelError(f"{self.product_name} has no MIG profile {name!r}; allowed: {allowed}")
+
+    def mig_share(self, profile: str | MigProfile) -> float:
+        """The share of this GPU one instance of ``profile`` is: its compute
+        slices over the GPU's (``1g.10gb`` on an H100: 1/7; ``1g.6gb`` on an
+        A30: 1/4). What usage reports count a MIG device as."""
+        if not self.mig_capable:
+            raise MigNotSupported(self.product_name, f"profile {profile}")
+        p = profile if isinstance(profile, MigProfile) else self.mig_profile(profile)
+        return p.compute_slices / self.mig_compute_slices
 
     def mig_layout_names(self) -> list[str]:
         """Names of the layouts the GPU Operator's default config offers here."""
@@ -370,22 +380,23 @@ class GpuModel:
                 )
             wanted += [profile] * count
         compute = sum(p.compute_slices for p in wanted)
-        if compute > MIG_COMPUTE_SLICES:
+        if compute > self.mig_compute_slices:
             raise MigPlacementError(
                 f"{' + '.join(p.name for p in wanted)} needs {compute} compute slices; "
-                f"a {self.product_name} has {MIG_COMPUTE_SLICES}"
+                f"a {self.product_name} has {self.mig_compute_slices}"
             )
         # Largest first, then by name: deterministic, and big instances have
         # the fewest legal start positions so they constrain the search most.
         wanted.sort(key=lambda p: (-p.memory_slices, -p.compute_slices, p.name))
-        placed = _place(wanted, [False] * MIG_MEMORY_SLICES)
+        placed = _place(wanted, [False] * self.mig_memory_slices)
         if placed is None:
             raise MigPlacementError(
                 f"{' + '.join(p.name for p in wanted)} does not fit on one {self.product_name} "
-                f"({MIG_MEMORY_SLICES} memory slices, allowed placements per profile as in "
+                f"({self.mig_memory_slices} memory slices, allowed placements per profile as in "
                 "'nvidia-smi mig -lgipp')"
             )
-        slices = [MigSlice(p, start, gi_id_for(start, p.memory_slices)) for p, start in placed]
+        slices = [MigSlice(p, start, gi_id_for(start, p.memory_slices, self.mig_memory_slices))
+                  for p, start in placed]
         return tuple(sorted(slices, key=lambda s: s.gi_id))
 
     def _build_layout(self, name: str, key: str) -> MigLayout:
@@ -426,17 +437,21 @@ def _place(
     return None
 
 
-def gi_id_for(start: int, memory_slices: int) -> int:
+def gi_id_for(start: int, memory_slices: int, total_slices: int) -> int:
     """The GPU instance id the driver assigns to a placement.
 
-    GI ids number the placements as a binary tree over the 8 memory slices:
-    0 for the whole GPU, 1-2 for halves, 3-6 for quarters, 7-14 for eighths
-    (on real A100/H100/H200 a 3g at slice 0 is GI 1, a 2g at slice 4 is GI
-    5, a 1g at slice 6 is GI 13).
+    ``start:memory_slices`` is the placement (as ``nvidia-smi mig -lgi``
+    prints it), ``total_slices`` the GPU's memory slices. GI ids number the
+    placements as a binary tree over those slices: 0 for the whole GPU, then
+    the halves, the quarters, the eighths. With 8 slices (A100/H100/H200): a
+    3g at slice 0 is GI 1, a 2g at slice 4 is GI 5, a 1g at slice 6 is GI 13.
+    With 4 (A30): 2g at 0 and 2 are GIs 1 and 2, 1g at 0..3 are GIs 3..6.
     """
-    if memory_slices not in (1, 2, 4, 8) or start % memory_slices:
-        raise GpuModelError(f"invalid MIG placement {start}:{memory_slices}")
-    return MIG_MEMORY_SLICES // memory_slices - 1 + start // memory_slices
+    if (total_slices < 1 or total_slices & (total_slices - 1) or memory_slices < 1
+            or memory_slices & (memory_slices - 1) or memory_slices > total_slices
+            or start % memory_slices or not 0 <= start <= total_slices - memory_slices):
+        raise GpuModelError(f"invalid MIG placement {start}:{memory_slices} on {total_slices} memory slices")
+    return total_slices // memory_slices - 1 + start // memory_slices
 
 
 # --------------------------------------------------------------------------
@@ -582,23 +597,31 @@ class _Fields:
         return list(self._get(key, (list,)))
 
 
-def _parse_profile(f: _Fields) -> MigProfile:
+def _is_power_of_two(n: int) -> bool:
+    return n >= 1 and not n & (n - 1)
+
+
+def _parse_profile(f: _Fields, memory_slices: int, compute_slices: int) -> MigProfile:
+    """One profile of a model whose GPU has ``memory_slices`` / ``compute_slices``."""
     mem_slices = f.int("mem_slices", 1)
     g = f.int("g", 1)
+    if not _is_power_of_two(mem_slices) or mem_slices > memory_slices:
+        allowed = ", ".join(str(1 << i) for i in range(memory_slices.bit_length()))
+        raise ModelDataError(f"{f.where}.mem_slices: must be one of {allowed} (this GPU has {memory_slices} "
+                             f"memory slices), got {mem_slices}")
     placements = f.list("placements")
     if not placements or not all(isinstance(p, int) and not isinstance(p, bool) for p in placements):
         raise ModelDataError(f"{f.where}.placements: expected a non-empty list of integers")
     for start in placements:
-        if start < 0 or start + mem_slices > MIG_MEMORY_SLICES:
-            raise ModelDataError(f"{f.where}.placements: start {start} with {mem_slices} slices leaves the GPU")
-        if mem_slices in (2, 4, 8) and start % mem_slices:
+        if start < 0 or start + mem_slices > memory_slices:
+            raise ModelDataError(f"{f.where}.placements: start {start} with {mem_slices} slices leaves the GPU "
+                                 f"({memory_slices} memory slices)")
+        if start % mem_slices:
             raise ModelDataError(f"{f.where}.placements: start {start} is not aligned to {mem_slices} slices")
-    if mem_slices not in (1, 2, 4, 8):
-        raise ModelDataError(f"{f.where}.mem_slices: must be 1, 2, 4 or 8, got {mem_slices}")
-    if g > MIG_COMPUTE_SLICES:
-        raise ModelDataError(f"{f.where}.g: at most {MIG_COMPUTE_SLICES} compute slices, got {g}")
+    if g > compute_slices:
+        raise ModelDataError(f"{f.where}.g: at most {compute_slices} compute slices on this GPU, got {g}")
     name = f.str("name")
-    if not re.fullmatch(r"[1-7]g\.\d+gb(\+[a-z]+)?", name):
+    if not re.fullmatch(r"[1-9]\d*g\.\d+gb(\+[a-z]+)?", name):
         raise ModelDataError(f"{f.where}.name: {name!r} is not a MIG profile name like '1g.10gb' or '1g.10gb+me'")
     if not name.startswith(f"{g}g."):
         raise ModelDataError(f"{f.where}: name {name!r} disagrees with g={g}")
@@ -661,11 +684,19 @@ def _parse_model(key: str, f: _Fields) -> GpuModel:
 
     profiles: tuple[MigProfile, ...] = ()
     balanced: tuple[tuple[str, int], ...] = ()
+    memory_slices = compute_slices = 0
     mig_data = f.data.get("mig")
     if mig_data is not None:
         mig = _Fields(mig_data, f"{f.where}.mig")
+        # The GPU's own slices come first: every placement, GI id and usage
+        # weight of the profiles is relative to them.
+        memory_slices = mig.int("memory_slices", 1)
+        compute_slices = mig.int("compute_slices", 1)
+        if not _is_power_of_two(memory_slices) or memory_slices < 2:
+            raise ModelDataError(f"{mig.where}.memory_slices: must be a power of two >= 2 (GPU instance ids "
+                                 f"number placements as a binary tree over them), got {memory_slices}")
         profiles = tuple(
-            _parse_profile(_Fields(p, f"{mig.where}.profiles[{i}]"))
+            _parse_profile(_Fields(p, f"{mig.where}.profiles[{i}]"), memory_slices, compute_slices)
             for i, p in enumerate(mig.list("profiles"))
         )
         if not profiles:
@@ -673,6 +704,12 @@ def _parse_model(key: str, f: _Fields) -> GpuModel:
         names = [p.config_name for p in profiles]
         if len(set(names)) != len(names):
             raise ModelDataError(f"{mig.where}.profiles: duplicate profile names")
+        if not any(p.compute_slices == compute_slices and p.memory_slices == memory_slices for p in profiles):
+            raise ModelDataError(
+                f"{mig.where}: no profile spans the whole GPU (g: {compute_slices}, mem_slices: {memory_slices}); "
+                "compute_slices and memory_slices must be those of the largest profile "
+                "('nvidia-smi mig -lgip' lists it last, e.g. 7g.80gb on an H100, 4g.24gb on an A30)"
+            )
         bal = mig.sub("balanced")
         balanced = tuple((str(k), bal.int(str(k), 1)) for k in bal.data)
 
@@ -706,6 +743,8 @@ def _parse_model(key: str, f: _Fields) -> GpuModel:
         machine=f.str("machine"),
         mig_profiles=profiles,
         mig_balanced=balanced,
+        mig_memory_slices=memory_slices,
+        mig_compute_slices=compute_slices,
     )
     if model.power.min_w > model.power.limit_w or model.power.limit_w > model.power.max_w:
         raise ModelDataError(f"{power.where}: need min_w <= limit_w <= max_w")

@@ -34,6 +34,7 @@ KINDS: dict[str, tuple[str, str, bool]] = {
     "ResourceQuota": ("/api/v1", "resourcequotas", True),
     "LimitRange": ("/api/v1", "limitranges", True),
     "Endpoints": ("/api/v1", "endpoints", True),
+    "EndpointSlice": ("/apis/discovery.k8s.io/v1", "endpointslices", True),
     "Deployment": ("/apis/apps/v1", "deployments", True),
     "ReplicaSet": ("/apis/apps/v1", "replicasets", True),
     "DaemonSet": ("/apis/apps/v1", "daemonsets", True),

@@ -22,3 +22,15 @@ PROVISIONER = "gpulab.io/local-path"
 # hands each node a /24 of POD_CIDR; Services get ClusterIPs from SERVICE_CIDR).
 POD_CIDR = "10.244.0.0/16"
 SERVICE_CIDR = "10.96.0.0/16"
+
+# The GPU Operator's ClusterPolicy (cluster-scoped; one per cluster, as the operator's Helm chart names it).
+CLUSTER_POLICY = "cluster-policy"
+
+# Node labels of NVIDIA's stack that lessons and labs set: the device-plugin config a node
+# uses (time-slicing, MPS), the MIG layout the MIG manager applies, and its answer.
+DEVICE_PLUGIN_CONFIG_LABEL = "nvidia.com/device-plugin.config"
+MIG_CONFIG_LABEL = "nvidia.com/mig.config"
+MIG_CONFIG_STATE_LABEL = "nvidia.com/mig.config.state"
+
+# The node agent's record, on a pod, of the devices it was allocated.
+ALLOCATED_DEVICES_ANNOTATION = "gpulab.io/allocated-devices"

@@ -1,4 +1,4 @@
-"""Host side of the container sandbox.
+"""Host side of gpulab's sandbox: pods' containers and the grading jail run in it.
 
 A container's command runs as an ordinary host process, isolated the way a
 container runtime would isolate it, with the tools every Linux has. Two
@@ -27,20 +27,35 @@ Both: memory as an address-space limit (``limits.memory``), CPU as a cap on
 CPU seconds plus a lower scheduling priority (there is no portable CPU-rate
 control without a cgroup manager), a process-count limit, and a wall-clock
 limit enforced by the node agent.
+
+This is gpulab's one sandbox: the grading jail (:mod:`gpulab.grading.jail`)
+is a :class:`SandboxSpec` too, one that states what it exposes — a
+``bare_root`` (nothing but the system directories and its mounts: in the
+namespaces sandbox an empty read-only tmpfs root, in the process sandbox
+``proot -r`` on an empty directory, so the host's other files are not there),
+``masks``, a private ``/tmp``, the loopback interface up and a :func:`relay`
+to a single TCP service, and, without root, the caller's own uid with no
+capabilities instead of a container's uid 0 (``namespace_root=False``). In
+the process sandbox there is no network isolation and ptrace is no security
+boundary: a program that attacks proot itself (kills or traces it) leaves the
+view proot gives it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
-from collections.abc import Callable, Mapping
+import threading
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
-from .sandbox_init import DEV_NODES
+from .sandbox_init import DEV_NODES, SYSTEM_DIRS, pump
 
 NOBODY = 65534
 SANDBOXES = ("namespaces", "process")
@@ -61,6 +76,8 @@ class Mount:
 
 @dataclasses.dataclass
 class SandboxSpec:
+    """One sandboxed command; the defaults are a container's (see the module's docstring for the rest)."""
+
     argv: list[str]
     env: dict[str, str]
     rootfs: Path
@@ -74,6 +91,25 @@ class SandboxSpec:
     cpu_seconds: int | None = None
     nproc: int = 512
     file_bytes: int | None = None
+    nofile: int = 1024
+    nice: int = 5
+    # Container paths hidden behind an empty read-only directory (inside a mount that shows them).
+    masks: list[str] = dataclasses.field(default_factory=list)
+    # Nothing but the system directories, /proc, /dev, /tmp and the mounts, and no writable root
+    # (a container's root is ``rootfs`` on disk, writable; in the process sandbox the host's).
+    bare_root: bool = False
+    # /tmp as a tmpfs of this size (process sandbox: a private directory); else a directory of the root.
+    tmp_size: str | None = None
+    # The host's /proc, read-only, where a fresh one cannot be mounted (some containers).
+    proc_fallback: bool = False
+    loopback: bool = False
+    # (port, unix socket): 127.0.0.1:port inside reaches what :func:`relay` serves on the socket.
+    relay: tuple[int, str] | None = None
+    # Without real root: the command runs as root of its user namespace (True, a container's uid 0)
+    # or as the caller's own uid with no capabilities at all (False).
+    namespace_root: bool = True
+    no_new_privs: bool = False
+    what: str = "the container"  # for messages
 
     def to_json(self) -> dict:
         return {
@@ -85,6 +121,7 @@ class SandboxSpec:
             "hostname": self.hostname,
             "mounts": [dataclasses.asdict(m) for m in self.mounts],
             "devices": [dataclasses.asdict(m) for m in self.devices],
+            "masks": list(self.masks),
             "uid": self.uid,
             "gid": self.gid,
             "limits": {
@@ -92,7 +129,17 @@ class SandboxSpec:
                 "cpu_seconds": self.cpu_seconds,
                 "nproc": self.nproc,
                 "file_bytes": self.file_bytes,
+                "nofile": self.nofile,
             },
+            "nice": self.nice,
+            "bare_root": self.bare_root,
+            "tmp_size": self.tmp_size,
+            "proc_fallback": self.proc_fallback,
+            "loopback": self.loopback,
+            "relay": {"port": self.relay[0], "socket": self.relay[1]} if self.relay else None,
+            "namespace_root": self.namespace_root,
+            "no_new_privs": self.no_new_privs,
+            "what": self.what,
         }
 
 
@@ -128,10 +175,12 @@ def _unshare_argv() -> list[str]:
 def _process_argv(spec: dict, spec_path: Path) -> list[str]:
     """``process`` sandbox: setpriv, proot, then :mod:`gpulab.runtime.sandbox_init` and the command.
 
-    setpriv sets the death signal and, as root, the container's user (before
+    setpriv sets the death signal and, as root, the sandbox's user (before
     proot, whose loader must belong to the user it traces); proot places the
-    mounts at their container paths over a private ``/dev`` and starts in the
-    working directory; sandbox_init sets the limits and runs the command.
+    mounts at their paths over a private ``/dev`` — with ``bare_root`` on an
+    empty root of its own holding nothing else — and starts in the working
+    directory; sandbox_init sets the seccomp filter and the limits and runs
+    the command.
     """
     setpriv, proot = _tool("setpriv", "util-linux"), _tool("proot", "Debian/Ubuntu package proot")
     argv = [setpriv, "--pdeathsig", "KILL"]
@@ -139,20 +188,38 @@ def _process_argv(spec: dict, spec_path: Path) -> list[str]:
     if os.geteuid() == 0 and uid is not None:
         argv += [f"--reuid={uid}", f"--regid={gid if gid is not None else uid}", "--clear-groups"]
     scratch = Path(spec["scratch"])
+    init = scratch / "sandbox_init.py"
     workdir = spec.get("workdir") or "/"
     if workdir == "/":
         # No root of its own to start in: a private scratch directory instead of the host's /.
         workdir = str(scratch / "work")
-    argv += [proot, "--verbose=-1", "-w", workdir, "-b", f"{scratch / 'dev'}:/dev"]
+    argv += [proot, "--verbose=-1"]
+    if spec.get("bare_root"):
+        # prepare() made that root: the system directories' symlinks and a read-only mount point per bind.
+        argv += ["-r", spec["rootfs"], "-b", "/proc", "-b", str(init), "-b", str(spec_path)]
+        argv += [x for d in SYSTEM_DIRS if os.path.isdir(d) and not os.path.islink(d) for x in ("-b", d)]
+    argv += ["-w", workdir, "-b", f"{scratch / 'dev'}:/dev"]
     for name in DEV_NODES:
         if os.path.exists(f"/dev/{name}"):
             argv += ["-b", f"/dev/{name}:/dev/{name}"]
+    if spec.get("tmp_size"):
+        argv += ["-b", f"{scratch / 'tmp'}:/tmp"]
     for m in spec.get("mounts", []) + spec.get("devices", []):
         argv += ["-b", f"{m['host_path']}:{m['container_path']}"]
-    # A system interpreter, which the container's user can run (a virtualenv's may live in a
+    for mask in spec.get("masks", []):
+        argv += ["-b", f"{scratch / 'empty'}:{mask}"]
+    # A system interpreter, which the sandbox's user can run (a virtualenv's may live in a
     # private home); sandbox_init needs nothing but the standard library.
     python = shutil.which("python3", path="/usr/bin:/bin") or sys.executable
-    return argv + [python, "-I", "-S", str(scratch / "sandbox_init.py"), str(spec_path)]
+    return argv + [python, "-I", "-S", str(init), str(spec_path)]
+
+
+def _private_dir(path: Path, spec: SandboxSpec, mode: int = 0o755) -> None:
+    """A directory of the process sandbox's scratch, the sandbox's user's when gpulab is root."""
+    path.mkdir(exist_ok=True)
+    path.chmod(mode)
+    if os.geteuid() == 0 and spec.uid is not None:
+        os.chown(path, spec.uid, spec.gid if spec.gid is not None else spec.uid)
 
 
 def _private_dev(scratch: Path, devices: list[Mount]) -> None:
@@ -168,6 +235,41 @@ def _private_dev(scratch: Path, devices: list[Mount]) -> None:
     for fd, name in ((0, "stdin"), (1, "stdout"), (2, "stderr")):
         if not (dev / name).is_symlink():
             (dev / name).symlink_to(f"/proc/self/fd/{fd}")
+
+
+def _bare_root(spec: SandboxSpec) -> None:
+    """The process sandbox's own root for ``proot -r``: the system directories' symlinks (/bin -> usr/bin)
+    and a mount point for everything bound there, all read-only (proot would make writable stand-ins)."""
+    root = spec.rootfs
+    points = [(d, True) for d in (*SYSTEM_DIRS, "/proc", "/dev", "/tmp") if os.path.isdir(d) and not os.path.islink(d)]
+    points += [(m.container_path, os.path.isdir(m.host_path)) for m in spec.mounts + spec.devices]
+    for d in SYSTEM_DIRS:
+        if os.path.islink(d) and not (root / d.lstrip("/")).is_symlink():
+            (root / d.lstrip("/")).symlink_to(os.readlink(d))
+    for path, is_dir in points:
+        parts = Path(path).parts[1:]
+        if not parts or (root / parts[0]).is_symlink():
+            continue  # inside a system directory: there already
+        target = root.joinpath(*parts)
+        if is_dir:
+            target.mkdir(parents=True, exist_ok=True)
+        else:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.touch()
+    for dirpath, _, files in os.walk(root, topdown=False):
+        for path in (os.path.join(dirpath, name) for name in files):
+            if not os.path.islink(path):
+                os.chmod(path, 0o444)
+        os.chmod(dirpath, 0o555)
+
+
+def discard(spec: Mapping) -> None:
+    """Remove the scratch directory :func:`prepare` made ready (for a sandbox that has ended)."""
+    if os.geteuid() != 0:
+        # The process sandbox's read-only root: writable again, for its owner to empty it.
+        for dirpath, _, _ in os.walk(spec["rootfs"]):
+            os.chmod(dirpath, 0o755)
+    shutil.rmtree(spec["scratch"], ignore_errors=True)
 
 
 def _read(path: str) -> str | None:
@@ -214,8 +316,8 @@ def check() -> None:
         raise SandboxUnavailable(diagnose(proc.stderr.strip()))
 
 
-def write_spec(spec: SandboxSpec, spec_path: Path) -> None:
-    """Write what :mod:`gpulab.runtime.sandbox_init` reads, and the container's scratch root."""
+def prepare(spec: SandboxSpec) -> dict:
+    """What :mod:`gpulab.runtime.sandbox_init` reads, after making the sandbox's scratch directory ready."""
     if os.geteuid() != 0:
         # Inside a user namespace with only root mapped, there is no other
         # user to drop to; the process is unprivileged on the host already.
@@ -225,26 +327,37 @@ def write_spec(spec: SandboxSpec, spec_path: Path) -> None:
     data["sandbox"] = kind()
     if data["sandbox"] == "process":
         scratch = spec.rootfs.parent
-        # Its private working directory and /dev, and sandbox_init where the container's user can read it.
-        work = scratch / "work"
-        work.mkdir(exist_ok=True)
-        if os.geteuid() == 0 and spec.uid is not None:
-            os.chown(work, spec.uid, spec.gid if spec.gid is not None else spec.uid)
+        # Its private working directory and /dev, and sandbox_init where the sandbox's user can read it.
+        _private_dir(scratch / "work", spec)
         _private_dev(scratch, spec.devices)
         shutil.copyfile(Path(__file__).with_name("sandbox_init.py"), scratch / "sandbox_init.py")
-    spec_path.write_text(json.dumps(data))
+        if spec.bare_root:
+            _bare_root(spec)
+        if spec.tmp_size:
+            _private_dir(scratch / "tmp", spec, 0o1777)
+        if spec.masks:
+            _private_dir(scratch / "empty", dataclasses.replace(spec, uid=None), 0o555)
+    return data
+
+
+def write_spec(spec: SandboxSpec, spec_path: Path) -> None:
+    """Write what :mod:`gpulab.runtime.sandbox_init` reads, and the sandbox's scratch root."""
+    spec_path.write_text(json.dumps(prepare(spec)))
+
+
+def command(spec_path: Path) -> list[str]:
+    """The command line that runs the sandbox ``spec_path`` describes (written by :func:`write_spec`)."""
+    spec = json.loads(spec_path.read_text())
+    if spec.get("sandbox") == "process":
+        return _process_argv(spec, spec_path)
+    init = Path(__file__).with_name("sandbox_init.py")
+    return _unshare_argv() + ["--", sys.executable, "-I", "-S", str(init), str(spec_path)]
 
 
 def launch_spec_file(spec_path: Path, stdout: int, stderr: int) -> subprocess.Popen:
     """Start the sandboxed process described by ``spec_path``; its pid is that of ``unshare``."""
-    spec = json.loads(spec_path.read_text())
-    if spec.get("sandbox") == "process":
-        argv = _process_argv(spec, spec_path)
-    else:
-        init = Path(__file__).with_name("sandbox_init.py")
-        argv = _unshare_argv() + ["--", sys.executable, "-I", "-S", str(init), str(spec_path)]
     return subprocess.Popen(
-        argv,
+        command(spec_path),
         stdin=subprocess.DEVNULL,
         stdout=stdout,
         stderr=stderr,
@@ -258,3 +371,48 @@ def launch(spec: SandboxSpec, spec_path: Path, stdout: int, stderr: int) -> subp
     """Start the sandboxed process; its pid is that of ``unshare``."""
     write_spec(spec, spec_path)
     return launch_spec_file(spec_path, stdout, stderr)
+
+
+# -- the host half of the relay ------------------------------------------------------
+
+
+@contextlib.contextmanager
+def relay(socket_path: Path, upstream: tuple[str, int] | None) -> Iterator[None]:
+    """While inside, serve the unix socket of a :attr:`SandboxSpec.relay`: each connection goes on to ``upstream``."""
+    if upstream is None:
+        yield
+        return
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(socket_path))
+    socket_path.chmod(0o666)
+    server.listen(64)
+    server.settimeout(0.2)
+    stop = threading.Event()
+    thread = threading.Thread(target=_accept_loop, args=(server, upstream, stop), daemon=True,
+                              name="gpulab-sandbox-relay")
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=2)
+        server.close()
+
+
+def _accept_loop(server: socket.socket, upstream: tuple[str, int], stop: threading.Event) -> None:
+    while not stop.is_set():
+        try:
+            client, _ = server.accept()
+        except TimeoutError:
+            continue
+        except OSError:
+            return
+        client.settimeout(None)
+        try:
+            target = socket.create_connection(upstream, timeout=10)
+            target.settimeout(None)
+        except OSError:
+            client.close()
+            continue
+        for a, b in ((client, target), (target, client)):
+            threading.Thread(target=pump, args=(a, b), daemon=True).start()

@@ -5,7 +5,8 @@ computing*. From the usage samples (:mod:`gpulab.usage.samples`) this adds
 up, over a time window:
 
 - GPU-hours allocated: time a device was given to some pod, times the share
-  of a GPU it is (a 1g MIG instance counts 1/7);
+  of a GPU it is (a MIG instance counts its compute slices over its GPU's:
+  a 1g on an H100 1/7, on an A30 1/4);
 - GPU-hours computing: the same, weighted by the device's utilisation;
 - idle allocated GPU-hours: allocated while its utilisation was 0 %;
 

@@ -9,8 +9,10 @@ appended to a JSON-lines file by the custom metrics adapter, as Prometheus
 would store its scrapes, and :mod:`gpulab.usage.report` adds them up.
 
 One device is a whole GPU, or one MIG instance counted as its share of the
-GPU's compute slices (a ``1g.10gb`` instance of an H100 is 1/7 of a GPU), so
-GPU-hours of MIG and whole cards add up.
+GPU's compute slices (a ``1g.10gb`` instance of an H100 is 1/7 of a GPU, a
+``1g.6gb`` of an A30 1/4), so GPU-hours of MIG and whole cards add up. The
+share comes from the GPU's model (:mod:`gpulab.hardware.models`), named by
+the ``modelName`` label every DCGM series carries.
 """
 
 from __future__ import annotations
@@ -24,13 +26,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..hardware.models import GpuModelError, get_model
+from ..kube.names import ALLOCATED_DEVICES_ANNOTATION
+
 Sample = tuple[str, dict[str, str], float]  # (metric name, labels, value), as dcgm.parse gives them
 
-DEVICES_ANNOTATION = "gpulab.io/allocated-devices"
-# A MIG-capable GPU (A100, H100, H200) has seven compute slices.
-MIG_SLICES = 7
 _REPLICA = re.compile(r"::\d+$")
-_PROFILE = re.compile(r"^(\d+)g\.")
 
 
 @dataclass
@@ -38,7 +39,7 @@ class Device:
     node: str
     gpu: str                      # the GPU's index on its node
     uuid: str                     # the GPU's UUID
-    model: str
+    model: str                    # the GPU's product name (DCGM's modelName)
     util: float                   # percent of the device's compute in use
     fb_used_mib: float
     fb_total_mib: float
@@ -69,9 +70,15 @@ class Snapshot:
         return Snapshot(float(raw["t"]), [Device(**d) for d in raw.get("devices") or []])
 
 
-def mig_weight(profile: str) -> float:
-    m = _PROFILE.match(profile or "")
-    return int(m.group(1)) / MIG_SLICES if m else 1.0
+def mig_weight(model: str, profile: str) -> float:
+    """The share of a GPU one ``profile`` instance of a ``model`` GPU is.
+
+    ``model`` is any name :func:`gpulab.hardware.models.get_model` resolves
+    (DCGM's ``modelName`` is the product name). An unknown model or profile
+    raises :class:`~gpulab.hardware.models.GpuModelError` (a ValueError)
+    naming what is allowed: a guessed weight would misstate GPU-hours.
+    """
+    return get_model(model).mig_share(profile)
 
 
 def _allocations(pods: Iterable[Mapping[str, Any]]) -> dict[str, list[list[str]]]:
@@ -80,7 +87,7 @@ def _allocations(pods: Iterable[Mapping[str, Any]]) -> dict[str, list[list[str]]
     for pod in pods:
         md = pod.get("metadata") or {}
         phase = (pod.get("status") or {}).get("phase")
-        raw = (md.get("annotations") or {}).get(DEVICES_ANNOTATION)
+        raw = (md.get("annotations") or {}).get(ALLOCATED_DEVICES_ANNOTATION)
         if not raw or phase in ("Succeeded", "Failed"):
             continue
         try:
@@ -109,10 +116,18 @@ def snapshot(t: float, samples: Iterable[Sample], pods: Iterable[Mapping[str, An
         dev = devices.get(key)
         if dev is None:
             profile = labels.get("GPU_I_PROFILE")
+            model = labels.get("modelName", "")
+            weight = 1.0
+            if profile:
+                try:
+                    weight = mig_weight(model, profile)
+                except GpuModelError as exc:
+                    raise GpuModelError(f"MIG device {profile} (GPU instance {gi}) of GPU {labels['UUID']} on "
+                                        f"{labels.get('Hostname', '?')}: {exc}") from exc
             dev = devices[key] = Device(node=labels.get("Hostname", ""), gpu=labels.get("gpu", ""),
-                                        uuid=labels["UUID"], model=labels.get("modelName", ""), util=0.0,
+                                        uuid=labels["UUID"], model=model, util=0.0,
                                         fb_used_mib=0.0, fb_total_mib=0.0, mig=profile, gi=gi,
-                                        weight=mig_weight(profile) if profile else 1.0)
+                                        weight=weight)
         if labels.get("pod"):
             holder = [labels.get("namespace", ""), labels["pod"]]
             if holder not in dev.holders:

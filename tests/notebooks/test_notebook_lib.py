@@ -1,4 +1,4 @@
-"""gpulab.notebook's pure parts: tables, pod states, GPU counting, sh, expect, node reset."""
+"""gpulab.notebook's pure parts: tables, pod states, GPU counting, sh, expect, node reset; the package's shape."""
 
 from __future__ import annotations
 
@@ -7,6 +7,9 @@ import types
 import pytest
 
 from gpulab import notebook as nb
+from gpulab import paths
+from gpulab.notebook import plots, timeline
+from gpulab.notebook import pod as nb_pod
 from gpulab.kube.topology import NodeSpec, Taint, Topology
 
 
@@ -108,14 +111,14 @@ def test_pod_status_reads_like_kubectl(p, want):
     (pod("Running", "n1", deleting=True), "Terminating"),
 ])
 def test_timeline_state(p, want):
-    assert nb.timeline_state(p) == want
+    assert timeline.timeline_state(p) == want
 
 
 def test_unschedulable_needs_the_schedulers_verdict():
     waiting = pod(conditions=[{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
                                "message": "0/3 nodes are available"}])
-    assert nb._POD_TESTS["Unschedulable"](waiting)
-    assert not nb._POD_TESTS["Unschedulable"](pod())
+    assert nb_pod._POD_TESTS["Unschedulable"](waiting)
+    assert not nb_pod._POD_TESTS["Unschedulable"](pod())
 
 
 # -- sh and expect ------------------------------------------------------------------------
@@ -173,6 +176,10 @@ class FakeKube:
 
     def get(self, kind, name, namespace=None):
         return self.nodes.get(name) if kind == "Node" else None
+
+    def list(self, kind, namespace=None, **_):
+        return [{**n, "metadata": {**n["metadata"], "name": name}} for name, n in self.nodes.items()] \
+            if kind == "Node" else []
 
     def patch(self, kind, name, patch, namespace=None, **_):
         self.patches.append((name, patch))
@@ -252,8 +259,8 @@ class FakeStackKube:
 def test_undo_gpu_stack_puts_back_what_the_lesson_changed(tmp_path, monkeypatch):
     import yaml as yamlmod
 
+    from gpulab.cluster import baseline
     from gpulab.fakegpu import faults, operator
-    from gpulab.grading import gpustack
 
     manifests = tmp_path / "manifests"
     (manifests / "04-sharing").mkdir(parents=True)
@@ -263,10 +270,11 @@ def test_undo_gpu_stack_puts_back_what_the_lesson_changed(tmp_path, monkeypatch)
     (manifests / "04-sharing" / "ts.yaml").write_text(
         "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: ts\n  namespace: gpu-operator\ndata: {}\n---\n"
         "apiVersion: v1\nkind: Pod\nmetadata:\n  name: p\n")
-    monkeypatch.setattr(nb.paths, "manifests", lambda: manifests)
+    monkeypatch.setattr(paths, "manifests", lambda: manifests)
     installed = yamlmod.safe_load((operator.manifests_dir() / "30-cluster-policy.yaml").read_text())["spec"]
     changed = {**installed, "mig": {"strategy": "mixed"}}
-    node = {"metadata": {"labels": {"nvidia.com/device-plugin.config": "any", "nvidia.com/mig.config": "all-1g.10gb",
+    node = {"metadata": {"name": "gpu-node-1", "labels": {"nvidia.com/device-plugin.config": "any",
+                                                          "nvidia.com/mig.config": "all-1g.10gb",
                                     "nvidia.com/mig.config.state": "success"}}}
     crashing = {"metadata": {"name": "nvidia-device-plugin-daemonset-x", "ownerReferences": [{"kind": "DaemonSet"}]},
                 "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "False"}]}}
@@ -291,7 +299,7 @@ def test_undo_gpu_stack_puts_back_what_the_lesson_changed(tmp_path, monkeypatch)
     assert faults.load(lab.cluster.root, "gpu-node-1").faults == ()
     assert ("delete", "ConfigMap", "ts", "gpu-operator") in kube.calls
     # A merge patch to the installed spec, never a GET-then-PUT (which races the operator's status writes).
-    assert ("patch", "ClusterPolicy", "cluster-policy", {"spec": gpustack.merge_patch(changed, installed)}) in kube.calls
+    assert ("patch", "ClusterPolicy", "cluster-policy", {"spec": baseline.merge_patch(changed, installed)}) in kube.calls
     assert not [c for c in kube.calls if c[0] == "PUT"]
     assert ("patch", "Node", "gpu-node-1", {"metadata": {"labels": {
         "nvidia.com/device-plugin.config": None, "nvidia.com/mig.config": "all-disabled",
@@ -309,10 +317,11 @@ def test_undo_gpu_stack_leaves_an_untouched_stack_alone(tmp_path, monkeypatch):
     installed = yamlmod.safe_load((operator.manifests_dir() / "30-cluster-policy.yaml").read_text())["spec"]
     (tmp_path / "gpu-operator").mkdir()
     (tmp_path / "gpu-operator" / "30-cluster-policy.yaml").write_text(yamlmod.safe_dump({"spec": installed}))
-    monkeypatch.setattr(nb.paths, "manifests", lambda: tmp_path)
+    monkeypatch.setattr(paths, "manifests", lambda: tmp_path)
     kube = FakeStackKube({
         ("ClusterPolicy", "cluster-policy", None): {"metadata": {"name": "cluster-policy"}, "spec": installed},
-        ("Node", "gpu-node-1", None): {"metadata": {"labels": {"nvidia.com/mig.config": "all-disabled"}}},
+        ("Node", "gpu-node-1", None): {"metadata": {"name": "gpu-node-1",
+                                                    "labels": {"nvidia.com/mig.config": "all-disabled"}}},
     })
     gpu = NodeSpec("gpu-node-1", "gpu", "32", "256Gi", 110, "h100-80gb", 2, {}, ())
     lab = object.__new__(nb.Lab)
@@ -338,13 +347,13 @@ def test_cjk_font_installed_after_matplotlibs_font_cache_is_found(monkeypatch):
         font_manager.fontManager.ttflist.append(types.SimpleNamespace(name="Noto Sans CJK SC"))
 
     monkeypatch.setattr(font_manager.fontManager, "addfont", addfont)
-    nb._cjk_font.cache_clear()
+    plots._cjk_font.cache_clear()
     try:
-        assert nb._cjk_font() == "Noto Sans CJK SC"
+        assert plots._cjk_font() == "Noto Sans CJK SC"
         assert added == ["/usr/share/fonts/opentype/noto/NotoSansCJK-Regular.ttc"]
-        assert nb._text("中文", "English") == "中文"
+        assert plots.bilingual("中文", "English") == "中文"
     finally:
-        nb._cjk_font.cache_clear()
+        plots._cjk_font.cache_clear()
 
 
 def test_no_cjk_font_means_english_plot_labels(monkeypatch):
@@ -352,12 +361,12 @@ def test_no_cjk_font_means_english_plot_labels(monkeypatch):
 
     monkeypatch.setattr(font_manager.fontManager, "ttflist", [types.SimpleNamespace(name="DejaVu Sans")])
     monkeypatch.setattr(font_manager, "findSystemFonts", lambda: ["/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf"])
-    nb._cjk_font.cache_clear()
+    plots._cjk_font.cache_clear()
     try:
-        assert nb._cjk_font() is None
-        assert nb._text("中文", "English") == "English"
+        assert plots._cjk_font() is None
+        assert plots.bilingual("中文", "English") == "English"
     finally:
-        nb._cjk_font.cache_clear()
+        plots._cjk_font.cache_clear()
 
 
 def test_plot_gpu_memory_stacks_pods_per_gpu_and_marks_the_card():
@@ -371,3 +380,66 @@ def test_plot_gpu_memory_stacks_pods_per_gpu_and_marks_the_card():
     assert [t.get_text() for t in ax.get_yticklabels()] == ["GPU 0", "GPU 1"]
     assert ax.lines[0].get_xdata()[0] == 81559  # the card's memory
     assert ax.get_xlim()[1] > 16384 + 61440
+
+
+# -- the package's shape -------------------------------------------------------------------
+
+# The modules of gpulab.notebook, bottom first: each imports (at the top or in a function) only modules before it.
+LAYERS = ["table", "shell", "wait", "quantity", "checks", "quiz", "manifest", "lesson", "pod", "job", "event",
+          "service", "logs", "gpus", "plots", "timeline", "hpa", "metrics", "usage", "__init__"]
+# What gpulab.notebook may import from the rest of gpulab: the packages below it, never cli.
+BELOW = {"grading", "quiz", "cluster", "fakegpu", "usage", "runtime", "kube", "hardware", "paths", "versions",
+         "_fsutil", "_proc", "_poll"}
+
+
+def _imports(path):
+    """(sibling modules, other gpulab packages) that ``path`` imports anywhere, function bodies included."""
+    import ast
+
+    siblings, others = set(), set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            names = node.module.split(".")[:1] if node.module else [a.name for a in node.names]
+            if node.level == 1:
+                siblings.update(names)
+            elif node.level == 2:
+                others.update(names)
+            elif node.level == 0 and node.module and node.module.split(".")[0] == "gpulab":
+                others.add(node.module.split(".")[1] if "." in node.module else "")
+        elif isinstance(node, ast.Import):
+            others.update(a.name.split(".")[1] if "." in a.name else "" for a in node.names
+                          if a.name.split(".")[0] == "gpulab")
+    return siblings, others
+
+
+def test_notebook_modules_import_only_downwards():
+    from pathlib import Path
+
+    folder = Path(nb.__file__).parent
+    assert sorted(p.stem for p in folder.glob("*.py")) == sorted(LAYERS)
+    for i, name in enumerate(LAYERS):
+        siblings, others = _imports(folder / f"{name}.py")
+        assert siblings <= set(LAYERS[:i]), f"gpulab.notebook.{name} imports {sorted(siblings - set(LAYERS[:i]))}"
+        assert others <= BELOW, f"gpulab.notebook.{name} imports gpulab.{sorted(others - BELOW)}"
+
+
+def test_the_package_exports_what_notebooks_import_and_no_module_hides_a_name():
+    star = {}
+    exec("from gpulab.notebook import *", star)
+    assert set(star) - {"__builtins__"} == set(nb.__all__)
+    assert len(nb.__all__) == len(set(nb.__all__))
+    # A submodule named like a helper (pods, nodes, events) would be shadowed by it, or shadow it.
+    assert not set(LAYERS) & set(nb.__all__)
+
+
+def test_importing_the_package_is_light_and_changes_no_other_module():
+    import subprocess
+    import sys
+
+    script = ("import sys\nfrom gpulab.kube import api\nkinds = dict(api.KINDS)\nimport gpulab.notebook\n"
+              "assert api.KINDS == kinds, 'gpulab.notebook changed api.KINDS'\n"
+              "heavy = [m for m in ('matplotlib', 'IPython', 'ipywidgets', 'gpulab.quiz', 'gpulab.grading',"
+              " 'gpulab.usage') if m in sys.modules]\n"
+              "assert not heavy, heavy\n")
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False)
+    assert run.returncode == 0, run.stderr

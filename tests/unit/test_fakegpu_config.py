@@ -7,7 +7,8 @@ import re
 import pytest
 import yaml
 
-from gpulab.fakegpu import config as c
+from gpulab.fakegpu import devicemap as dm
+from gpulab.fakegpu import pluginconfig as pc
 from gpulab.hardware.models import GpuModelError, MigNotSupported, get_model, gpu_uuid, mig_uuid
 
 # The chapter's ConfigMap, verbatim.
@@ -43,7 +44,7 @@ def ts(replicas=4, name="nvidia.com/gpu", **extra) -> str:
 
 def test_the_chapter_configmap_works_unchanged():
     cm = yaml.safe_load(CHAPTER_CONFIGMAP)
-    configs = c.parse_config_map(cm["data"])
+    configs = pc.parse_config_map(cm["data"])
     cfg = configs["any"]
     assert cfg.version == "v1" and cfg.mig_strategy == "none"
     assert cfg.sharing.strategy == "time-slicing"
@@ -54,24 +55,24 @@ def test_the_chapter_configmap_works_unchanged():
 
 
 def test_defaults():
-    cfg = c.parse_config("version: v1\n")
-    assert cfg == c.DevicePluginConfig()
+    cfg = pc.parse_config("version: v1\n")
+    assert cfg == pc.DevicePluginConfig()
     assert (cfg.mig_strategy, cfg.sharing.strategy, cfg.flags.fail_on_init_error) == ("none", "none", True)
     assert cfg.flags.plugin.device_list_strategy == ("envvar",) and cfg.flags.gfd.sleep_interval_s == 60
 
 
 def test_missing_version_means_v1_and_json_is_yaml():
-    cfg = c.parse_config('{"flags": {"migStrategy": "mixed"}}')
+    cfg = pc.parse_config('{"flags": {"migStrategy": "mixed"}}')
     assert (cfg.version, cfg.mig_strategy) == ("v1", "mixed")
 
 
 def test_empty_file_is_all_defaults_with_a_warning():
-    cfg = c.parse_config("")
+    cfg = pc.parse_config("")
     assert cfg.sharing.strategy == "none" and cfg.warnings and "empty config" in cfg.warnings[0]
 
 
 def test_mapping_input_and_full_flags():
-    cfg = c.parse_config({
+    cfg = pc.parse_config({
         "version": "v1",
         "flags": {"migStrategy": "single", "failOnInitError": False, "nvidiaDriverRoot": "/run/nvidia/driver",
                   "plugin": {"passDeviceSpecs": True, "deviceListStrategy": ["envvar", "cdi-cri"],
@@ -86,27 +87,27 @@ def test_mapping_input_and_full_flags():
 
 
 def test_mps_fails_requests_greater_than_one_by_default():
-    cfg = c.parse_config("sharing:\n  mps:\n    resources:\n    - name: nvidia.com/gpu\n      replicas: 2\n")
+    cfg = pc.parse_config("sharing:\n  mps:\n    resources:\n    - name: nvidia.com/gpu\n      replicas: 2\n")
     assert cfg.sharing.strategy == "mps" and cfg.sharing.mps.fail_requests_greater_than_one
-    cfg = c.parse_config(ts(failRequestsGreaterThanOne=True))
+    cfg = pc.parse_config(ts(failRequestsGreaterThanOne=True))
     assert cfg.sharing.time_slicing.fail_requests_greater_than_one
 
 
 def test_rename_by_default_renames_to_shared():
-    cfg = c.parse_config(ts(renameByDefault=True))
+    cfg = pc.parse_config(ts(renameByDefault=True))
     assert cfg.sharing.time_slicing.resources[0].advertised_name == "nvidia.com/gpu.shared"
 
 
 def test_short_resource_names_get_the_nvidia_prefix():
-    cfg = c.parse_config(ts(name="gpu"))
+    cfg = pc.parse_config(ts(name="gpu"))
     assert cfg.sharing.time_slicing.resources[0].name == "nvidia.com/gpu"
 
 
 def test_with_mig_strategy_overrides_the_file():
-    cfg = c.parse_config(ts())
+    cfg = pc.parse_config(ts())
     assert cfg.with_mig_strategy("mixed").mig_strategy == "mixed"
     assert cfg.with_mig_strategy(None) is cfg
-    with pytest.raises(c.ConfigError, match="unknown value"):
+    with pytest.raises(pc.ConfigError, match="unknown value"):
         cfg.with_mig_strategy("both")
 
 
@@ -187,27 +188,27 @@ MALFORMED = [
 
 @pytest.mark.parametrize(("text", "path", "words"), MALFORMED)
 def test_malformed_configs_name_the_field_value_and_allowed(text, path, words):
-    with pytest.raises(c.ConfigError) as exc:
-        c.parse_config(text)
+    with pytest.raises(pc.ConfigError) as exc:
+        pc.parse_config(text)
     msg = str(exc.value)
     assert msg.startswith(path + ":") or msg.startswith(path + " "), msg
     assert words in msg, msg
 
 
 def test_config_error_carries_structured_fields():
-    with pytest.raises(c.ConfigError) as exc:
-        c.parse_config(ts(replicas=1))
+    with pytest.raises(pc.ConfigError) as exc:
+        pc.parse_config(ts(replicas=1))
     e = exc.value
     assert (e.path, e.value, e.allowed) == ("config.sharing.timeSlicing.resources[0].replicas", 1, "an integer >= 2")
 
 
 def test_configmap_errors_are_prefixed_with_the_key():
-    with pytest.raises(c.ConfigError, match=r"^data\.any\.sharing\.timeSlicing\.resources\[0\]\.replicas: "):
-        c.parse_config_map({"any": ts(replicas=1)})
-    with pytest.raises(c.ConfigError, match=r"^data\.any: ConfigMap values must be strings"):
-        c.parse_config_map({"any": {"version": "v1"}})
-    with pytest.raises(c.ConfigError, match="no configs"):
-        c.parse_config_map({})
+    with pytest.raises(pc.ConfigError, match=r"^data\.any\.sharing\.timeSlicing\.resources\[0\]\.replicas: "):
+        pc.parse_config_map({"any": ts(replicas=1)})
+    with pytest.raises(pc.ConfigError, match=r"^data\.any: ConfigMap values must be strings"):
+        pc.parse_config_map({"any": {"version": "v1"}})
+    with pytest.raises(pc.ConfigError, match="no configs"):
+        pc.parse_config_map({})
 
 
 IGNORED = [
@@ -225,30 +226,30 @@ IGNORED = [
 
 @pytest.mark.parametrize(("text", "path", "words"), IGNORED)
 def test_what_nvidia_ignores_is_a_warning_or_a_strict_error(text, path, words):
-    cfg = c.parse_config(text)
+    cfg = pc.parse_config(text)
     assert any(w.startswith(path + ":") and words in w for w in cfg.warnings), cfg.warnings
-    with pytest.raises(c.ConfigError, match=re.escape(path) + ".*strict mode"):
-        c.parse_config(text, strict=True)
+    with pytest.raises(pc.ConfigError, match=re.escape(path) + ".*strict mode"):
+        pc.parse_config(text, strict=True)
 
 
 def test_ignored_fields_really_are_ignored():
-    cfg = c.parse_config("sharing:\n  timeSlicing:\n    resources: [{name: gpu, replicas: 2, rename: x, devices: 1}]")
+    cfg = pc.parse_config("sharing:\n  timeSlicing:\n    resources: [{name: gpu, replicas: 2, rename: x, devices: 1}]")
     (r,) = cfg.sharing.time_slicing.resources
     assert r.rename is None and r.advertised_name == "nvidia.com/gpu"
-    cfg = c.parse_config("flgs: {migStrategy: mixed}")
+    cfg = pc.parse_config("flgs: {migStrategy: mixed}")
     assert cfg.mig_strategy == "none"
 
 
 def test_keys_differing_in_case_match_like_go_json():
-    cfg = c.parse_config("Flags:\n  migstrategy: mixed")
+    cfg = pc.parse_config("Flags:\n  migstrategy: mixed")
     assert cfg.mig_strategy == "mixed"
     assert any("case-insensitively" in w for w in cfg.warnings)
-    cfg = c.parse_config("sharing:\n  timeslicing:\n    resources: [{name: gpu, replicas: 2}]")
+    cfg = pc.parse_config("sharing:\n  timeslicing:\n    resources: [{name: gpu, replicas: 2}]")
     assert cfg.sharing.strategy == "time-slicing"
     assert cfg.warnings[0].startswith("config.sharing.timeslicing: accepted as 'timeSlicing'")
     # Inside a resource the plugin looks keys up exactly: 'Replicas' is unknown.
-    with pytest.raises(c.ConfigError, match="no replicas specified"):
-        c.parse_config("sharing:\n  timeSlicing:\n    resources: [{name: gpu, Replicas: 2}]")
+    with pytest.raises(pc.ConfigError, match="no replicas specified"):
+        pc.parse_config("sharing:\n  timeSlicing:\n    resources: [{name: gpu, Replicas: 2}]")
 
 
 # -- config selection (config-manager) ---------------------------------------------------
@@ -267,23 +268,23 @@ def test_keys_differing_in_case_match_like_go_json():
     ],
 )
 def test_select_config(names, label, default, picked):
-    assert c.select_config(names, label, default).name == picked
+    assert pc.select_config(names, label, default).name == picked
 
 
 def test_select_config_explains_a_skipped_label():
-    sel = c.select_config(["any"], "t4-config")
-    assert sel.name is None and "reconfiguration skipped" in sel.reason and c.CONFIG_LABEL in sel.reason
+    sel = pc.select_config(["any"], "t4-config")
+    assert sel.name is None and "reconfiguration skipped" in sel.reason and pc.CONFIG_LABEL in sel.reason
 
 
 # -- advertised resources ------------------------------------------------------------
 
 
-def chapter_config() -> c.DevicePluginConfig:
-    return c.parse_config_map(yaml.safe_load(CHAPTER_CONFIGMAP)["data"])["any"]
+def chapter_config() -> pc.DevicePluginConfig:
+    return pc.parse_config_map(yaml.safe_load(CHAPTER_CONFIGMAP)["data"])["any"]
 
 
 def test_whole_gpus_without_a_config():
-    res = c.advertised_resources("h100-80gb", 2, "gpu-node-1")
+    res = dm.advertised_resources("h100-80gb", 2, "gpu-node-1")
     assert res.capacity() == {"nvidia.com/gpu": 2}
     assert res.pairs() == [("nvidia.com/gpu", [gpu_uuid("gpu-node-1", 0), gpu_uuid("gpu-node-1", 1)])]
     d = res.get("nvidia.com/gpu").devices[0]
@@ -291,7 +292,7 @@ def test_whole_gpus_without_a_config():
 
 
 def test_time_slicing_h100_x2_replicas_4_gives_8_ids():
-    res = c.advertised_resources("h100-80gb", 2, "gpu-node-1", chapter_config())
+    res = dm.advertised_resources("h100-80gb", 2, "gpu-node-1", chapter_config())
     assert res.capacity() == {"nvidia.com/gpu": 8}
     r = res.get("nvidia.com/gpu")
     assert r.sharing == "time-slicing" and r.replicas == 4
@@ -299,7 +300,7 @@ def test_time_slicing_h100_x2_replicas_4_gives_8_ids():
     assert r.ids == [f"{u}::{n}" for u in uuids for n in range(4)]
     for d in r.devices:
         assert re.fullmatch(rf"GPU-{UUID_RE}::[0-3]", d.id) and len(d.id) <= 63
-        assert d.device_uuid == uuids[d.gpu_index] == c.strip_replica(d.id)
+        assert d.device_uuid == uuids[d.gpu_index] == dm.strip_replica(d.id)
         # Time-slicing does not isolate memory: every replica sees all 80GB.
         assert d.memory_mib == 81559 and not d.memory_isolated and d.isolation == "time-sliced"
     assert res.device(r.ids[5]).gpu_index == 1 and res.device(r.ids[5]).replica == 1
@@ -308,13 +309,13 @@ def test_time_slicing_h100_x2_replicas_4_gives_8_ids():
 
 
 def test_rename_by_default_advertises_gpu_shared():
-    res = c.advertised_resources("a100-40gb", 1, "n", c.parse_config(ts(renameByDefault=True)))
+    res = dm.advertised_resources("a100-40gb", 1, "n", pc.parse_config(ts(renameByDefault=True)))
     assert res.capacity() == {"nvidia.com/gpu.shared": 4}
 
 
 def test_mps_splits_memory_and_compute():
-    cfg = c.parse_config("sharing:\n  mps:\n    resources: [{name: nvidia.com/gpu, replicas: 4}]")
-    res = c.advertised_resources("a100-80gb", 1, "n", cfg)
+    cfg = pc.parse_config("sharing:\n  mps:\n    resources: [{name: nvidia.com/gpu, replicas: 4}]")
+    res = dm.advertised_resources("a100-80gb", 1, "n", cfg)
     r = res.get("nvidia.com/gpu")
     assert r.count == 4 and r.sharing == "mps"
     d = r.devices[0]
@@ -324,14 +325,14 @@ def test_mps_splits_memory_and_compute():
 
 
 def test_fail_requests_greater_than_one_only_when_asked_for_time_slicing():
-    assert c.advertised_resources("l4", 1, "n", chapter_config()).get("nvidia.com/gpu").request_error(3) is None
-    cfg = c.parse_config(ts(failRequestsGreaterThanOne=True))
-    assert "found 3" in c.advertised_resources("l4", 1, "n", cfg).get("nvidia.com/gpu").request_error(3)
-    assert c.advertised_resources("l4", 1, "n").get("nvidia.com/gpu").request_error(3) is None
+    assert dm.advertised_resources("l4", 1, "n", chapter_config()).get("nvidia.com/gpu").request_error(3) is None
+    cfg = pc.parse_config(ts(failRequestsGreaterThanOne=True))
+    assert "found 3" in dm.advertised_resources("l4", 1, "n", cfg).get("nvidia.com/gpu").request_error(3)
+    assert dm.advertised_resources("l4", 1, "n").get("nvidia.com/gpu").request_error(3) is None
 
 
 def test_mixed_all_1g_10gb_gives_7_mig_devices_per_gpu():
-    res = c.advertised_resources("h100-80gb", 2, "gpu-node-1", mig_layout="all-1g.10gb", mig_strategy="mixed")
+    res = dm.advertised_resources("h100-80gb", 2, "gpu-node-1", mig_layout="all-1g.10gb", mig_strategy="mixed")
     assert res.capacity() == {"nvidia.com/mig-1g.10gb": 14}
     devs = res.get("nvidia.com/mig-1g.10gb").devices
     parent = gpu_uuid("gpu-node-1", 0)
@@ -344,94 +345,94 @@ def test_mixed_all_1g_10gb_gives_7_mig_devices_per_gpu():
 
 
 def test_mixed_all_balanced_has_one_resource_per_profile():
-    res = c.advertised_resources("a100-40gb", 1, "n", mig_layout="all-balanced", mig_strategy="mixed")
+    res = dm.advertised_resources("a100-40gb", 1, "n", mig_layout="all-balanced", mig_strategy="mixed")
     assert res.capacity() == {"nvidia.com/mig-1g.5gb": 2, "nvidia.com/mig-2g.10gb": 1, "nvidia.com/mig-3g.20gb": 1}
 
 
 def test_single_strategy_exposes_mig_devices_as_gpus():
-    res = c.advertised_resources("h100-80gb", 1, "n", mig_layout="all-1g.10gb", mig_strategy="single")
+    res = dm.advertised_resources("h100-80gb", 1, "n", mig_layout="all-1g.10gb", mig_strategy="single")
     assert res.capacity() == {"nvidia.com/gpu": 7}
     assert all(d.mig is not None for d in res.get("nvidia.com/gpu").devices)
 
 
 def test_single_strategy_refuses_mixed_profiles():
-    with pytest.raises(c.DevicePluginError, match="more than one MIG device type"):
-        c.advertised_resources("h100-80gb", 1, "n", mig_layout="all-balanced", mig_strategy="single")
+    with pytest.raises(dm.DevicePluginError, match="more than one MIG device type"):
+        dm.advertised_resources("h100-80gb", 1, "n", mig_layout="all-balanced", mig_strategy="single")
 
 
 @pytest.mark.parametrize("strategy", ["single", "mixed"])
 def test_mig_enabled_without_instances_breaks_the_plugin(strategy):
-    with pytest.raises(c.DevicePluginError, match="invalid MIG configuration"):
-        c.advertised_resources("h100-80gb", 1, "n", mig_layout="all-enabled", mig_strategy=strategy)
+    with pytest.raises(dm.DevicePluginError, match="invalid MIG configuration"):
+        dm.advertised_resources("h100-80gb", 1, "n", mig_layout="all-enabled", mig_strategy=strategy)
 
 
 def test_strategy_none_ignores_mig():
-    res = c.advertised_resources("h100-80gb", 1, "n", mig_layout="all-1g.10gb", mig_strategy="none")
+    res = dm.advertised_resources("h100-80gb", 1, "n", mig_layout="all-1g.10gb", mig_strategy="none")
     assert res.capacity() == {"nvidia.com/gpu": 1}
 
 
 def test_time_slicing_a_mig_resource():
-    cfg = c.parse_config(ts(replicas=2, name="nvidia.com/mig-1g.10gb"))
-    res = c.advertised_resources("h100-80gb", 1, "n", cfg, mig_layout="all-1g.10gb", mig_strategy="mixed")
+    cfg = pc.parse_config(ts(replicas=2, name="nvidia.com/mig-1g.10gb"))
+    res = dm.advertised_resources("h100-80gb", 1, "n", cfg, mig_layout="all-1g.10gb", mig_strategy="mixed")
     r = res.get("nvidia.com/mig-1g.10gb")
     assert r.count == 14 and r.devices[1].id.endswith("::1") and r.devices[1].memory_mib == 9984
 
 
 def test_a_replicated_resource_missing_on_the_node_is_a_warning():
-    cfg = c.parse_config(ts(replicas=2, name="nvidia.com/mig-1g.5gb"))
-    res = c.advertised_resources("h100-80gb", 1, "n", cfg)
+    cfg = pc.parse_config(ts(replicas=2, name="nvidia.com/mig-1g.5gb"))
+    res = dm.advertised_resources("h100-80gb", 1, "n", cfg)
     assert res.capacity() == {"nvidia.com/gpu": 1}
     assert res.warnings and "no nvidia.com/mig-1g.5gb devices" in res.warnings[0]
 
 
 def test_mps_and_mig_do_not_mix():
-    cfg = c.parse_config("sharing:\n  mps:\n    resources: [{name: gpu, replicas: 2}]")
-    with pytest.raises(c.DevicePluginError, match="MPS sharing is not supported for MIG devices"):
-        c.advertised_resources("h100-80gb", 1, "n", cfg, mig_layout="all-1g.10gb", mig_strategy="single")
-    with pytest.raises(c.ConfigError, match="not supported with MPS"):
-        c.advertised_resources("h100-80gb", 1, "n", cfg, mig_strategy="mixed")
+    cfg = pc.parse_config("sharing:\n  mps:\n    resources: [{name: gpu, replicas: 2}]")
+    with pytest.raises(dm.DevicePluginError, match="MPS sharing is not supported for MIG devices"):
+        dm.advertised_resources("h100-80gb", 1, "n", cfg, mig_layout="all-1g.10gb", mig_strategy="single")
+    with pytest.raises(pc.ConfigError, match="not supported with MPS"):
+        dm.advertised_resources("h100-80gb", 1, "n", cfg, mig_strategy="mixed")
 
 
 def test_l4_cannot_take_a_mig_layout():
     with pytest.raises(MigNotSupported):
-        c.advertised_resources("l4", 1, "n", mig_layout="all-1g.10gb", mig_strategy="mixed")
+        dm.advertised_resources("l4", 1, "n", mig_layout="all-1g.10gb", mig_strategy="mixed")
     with pytest.raises(MigNotSupported):
-        c.advertised_resources("l4", 1, "n", mig_layout=get_model("h100-80gb").layout("all-1g.10gb"))
+        dm.advertised_resources("l4", 1, "n", mig_layout=get_model("h100-80gb").layout("all-1g.10gb"))
 
 
 def test_a_layout_object_of_another_model_is_refused():
     h100_layout = get_model("h100-80gb").layout("all-1g.10gb")
     with pytest.raises(GpuModelError, match="NVIDIA A100-SXM4-40GB does not have"):
-        c.advertised_resources("a100-40gb", 1, "n", mig_layout=h100_layout, mig_strategy="mixed")
-    same = c.advertised_resources("h100-80gb", 1, "n", mig_layout=h100_layout, mig_strategy="mixed")
+        dm.advertised_resources("a100-40gb", 1, "n", mig_layout=h100_layout, mig_strategy="mixed")
+    same = dm.advertised_resources("h100-80gb", 1, "n", mig_layout=h100_layout, mig_strategy="mixed")
     assert same.capacity() == {"nvidia.com/mig-1g.10gb": 7}
 
 
 def test_bad_gpu_counts():
-    assert c.advertised_resources("l4", 0, "n").capacity() == {}
+    assert dm.advertised_resources("l4", 0, "n").capacity() == {}
     for bad in (-1, True, 1.5):
         with pytest.raises(ValueError, match="gpu_count"):
-            c.advertised_resources("l4", bad, "n")
+            dm.advertised_resources("l4", bad, "n")
 
 
 def test_device_ids_are_stable_across_calls_and_nodes_differ():
-    a = c.advertised_resources("h100-80gb", 2, "gpu-node-1", chapter_config()).pairs()
-    assert a == c.advertised_resources("h100-80gb", 2, "gpu-node-1", chapter_config()).pairs()
-    b = c.advertised_resources("h100-80gb", 2, "gpu-node-2", chapter_config()).pairs()
+    a = dm.advertised_resources("h100-80gb", 2, "gpu-node-1", chapter_config()).pairs()
+    assert a == dm.advertised_resources("h100-80gb", 2, "gpu-node-1", chapter_config()).pairs()
+    b = dm.advertised_resources("h100-80gb", 2, "gpu-node-2", chapter_config()).pairs()
     assert set(a[0][1]).isdisjoint(b[0][1])
 
 
 def test_visible_devices_env_deduplicates_replicas():
-    res = c.advertised_resources("h100-80gb", 2, "n", chapter_config())
+    res = dm.advertised_resources("h100-80gb", 2, "n", chapter_config())
     ids = res.get("nvidia.com/gpu").ids
-    assert c.visible_devices_env([ids[0], ids[1], ids[4]]) == f"{gpu_uuid('n', 0)},{gpu_uuid('n', 1)}"
-    assert c.visible_devices_env(res.get("nvidia.com/gpu").devices[:2]) == gpu_uuid("n", 0)
+    assert dm.visible_devices_env([ids[0], ids[1], ids[4]]) == f"{gpu_uuid('n', 0)},{gpu_uuid('n', 1)}"
+    assert dm.visible_devices_env(res.get("nvidia.com/gpu").devices[:2]) == gpu_uuid("n", 0)
 
 
 def test_inventory_for_the_device_plugin():
-    from gpulab.fakegpu.nvidiasmi import build_state
+    from gpulab.fakegpu.smistate import build_state
 
-    res = c.advertised_resources("h100-80gb", 1, "n", mig_layout="all-balanced", mig_strategy="mixed")
+    res = dm.advertised_resources("h100-80gb", 1, "n", mig_layout="all-balanced", mig_strategy="mixed")
     state = build_state("h100-80gb", 1, "n", mig_layout="all-balanced")
     inv = res.to_inventory(state)
     names = [r["name"] for r in inv["resources"]]
@@ -487,8 +488,8 @@ MANY_MISTAKES_ERRORS = [
 
 
 def test_every_mistake_of_a_config_is_reported_with_path_and_allowed():
-    with pytest.raises(c.ConfigError) as exc:
-        c.parse_config(MANY_MISTAKES, path="data.any")
+    with pytest.raises(pc.ConfigError) as exc:
+        pc.parse_config(MANY_MISTAKES, path="data.any")
     e = exc.value
     assert [err.path for err in e.errors] == [path for path, _, _ in MANY_MISTAKES_ERRORS]
     lines = str(e).splitlines()
@@ -497,46 +498,46 @@ def test_every_mistake_of_a_config_is_reported_with_path_and_allowed():
         assert line.startswith(path + ": ") and problem in line and allowed in line, line
     # The structured fields are the first error's; each error keeps its own.
     assert (e.path, e.value, e.allowed) == ("data.any.version", "v2", "'v1'")
-    assert all(isinstance(err, c.ConfigError) and err.errors == [err] for err in e.errors)
+    assert all(isinstance(err, pc.ConfigError) and err.errors == [err] for err in e.errors)
     assert e.errors[4].value == 1 and e.errors[4].allowed == "an integer >= 2"
 
 
 def test_a_single_mistake_is_one_error_as_before():
-    with pytest.raises(c.ConfigError) as exc:
-        c.parse_config(ts(replicas=1))
+    with pytest.raises(pc.ConfigError) as exc:
+        pc.parse_config(ts(replicas=1))
     assert exc.value.errors == [exc.value] and "\n" not in str(exc.value)
 
 
 def test_every_duplicate_key_and_every_configmap_key_is_reported():
     text = "version: v1\nversion: v1\nflags:\n  migStrategy: none\n  migStrategy: mixed\n"
-    with pytest.raises(c.ConfigError) as exc:
-        c.parse_config(text)
+    with pytest.raises(pc.ConfigError) as exc:
+        pc.parse_config(text)
     assert [e.path for e in exc.value.errors] == ["config (line 2, column 1)", "config (line 5, column 3)"]
-    with pytest.raises(c.ConfigError) as exc:
-        c.parse_config_map({"a": ts(replicas=1), "b": 7, "c": "version: v9", "ok": ts()})
+    with pytest.raises(pc.ConfigError) as exc:
+        pc.parse_config_map({"a": ts(replicas=1), "b": 7, "c": "version: v9", "ok": ts()})
     assert [e.path for e in exc.value.errors] == [
         "data.a.sharing.timeSlicing.resources[0].replicas", "data.b", "data.c.version"]
 
 
 def test_strict_mode_reports_every_ignored_key():
     text = "flgs: {}\nsharing:\n  timeSlicing:\n    resources: [{name: gpu, replicas: 2, replica: 4}]\n"
-    with pytest.raises(c.ConfigError) as exc:
-        c.parse_config(text, strict=True)
+    with pytest.raises(pc.ConfigError) as exc:
+        pc.parse_config(text, strict=True)
     assert [e.path for e in exc.value.errors] == ["config.flgs", "config.sharing.timeSlicing.resources[0].replica"]
     assert "allowed: version, flags, resources, sharing, imex" in str(exc.value)
     assert "allowed: name, rename, devices, replicas" in str(exc.value)
 
 
 def test_a_yaml_syntax_error_is_reported_alone_with_line_and_column():
-    with pytest.raises(c.ConfigError) as exc:
-        c.parse_config("version: v2\nsharing: [\n")
+    with pytest.raises(pc.ConfigError) as exc:
+        pc.parse_config("version: v2\nsharing: [\n")
     assert len(exc.value.errors) == 1
     assert re.match(r"config: not valid YAML at line \d+, column \d+", str(exc.value))
 
 
 def test_summary_shortens_many_errors():
-    errors = [c.ConfigError(f"config.x[{i}]", "bad") for i in range(25)]
-    e = c.ConfigError.collect(errors)
+    errors = [pc.ConfigError(f"config.x[{i}]", "bad") for i in range(25)]
+    e = pc.ConfigError.collect(errors)
     assert len(str(e).splitlines()) == 25
     short = e.summary(limit=10)
     assert short.startswith("25 errors:\nconfig.x[0]: bad") and short.endswith("... and 15 more")
@@ -547,20 +548,20 @@ def test_summary_shortens_many_errors():
 def test_config_manager_event_lists_every_error(tmp_path):
     from types import SimpleNamespace
 
-    from gpulab.fakegpu import operands
+    from gpulab.fakegpu.components import configmanager
+    from gpulab.fakegpu.components.host import Settings
 
     events: list[tuple[str, str]] = []
     logged: list[str] = []
-    cm = operands.ConfigManagerMain.__new__(operands.ConfigManagerMain)
-    cm.stack = SimpleNamespace(
+    host = SimpleNamespace(
+        node="gpu-node-1",
         client=SimpleNamespace(get=lambda kind, name, ns: {"data": {"broken": MANY_MISTAKES}}),
-        node_event=lambda node, reason, message, *args, **kw: events.append((reason, message)),
+        event=lambda reason, message, *args, **kw: events.append((reason, message)),
+        log=SimpleNamespace(info=logged.append, warning=logged.append, error=logged.append),
+        settings=Settings(namespace="gpu-operator", config_dst=tmp_path / "config.yaml"),
     )
-    cm.ctx = SimpleNamespace(node="gpu-node-1")
-    cm.out = SimpleNamespace(info=logged.append, warning=logged.append, error=logged.append)
-    cm.default, cm.fallbacks, cm.oneshot = None, ("named", "single"), False
-    cm.configmap, cm.namespace, cm.dst = "time-slicing-config", "gpu-operator", tmp_path / "config.yaml"
-    assert cm._apply("broken", ("any", ts())) == ("any", ts())
+    cm = configmanager.ConfigManagerMain(host)  # type: ignore[arg-type]
+    assert cm._apply("broken", ("time-slicing-config", None), ("any", ts())) == ("any", ts())
     [(reason, message)] = events
     assert reason == "DevicePluginConfigInvalid"
     assert message.startswith("config 'broken' of ConfigMap gpu-operator/time-slicing-config is invalid: "

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from gpulab.fakegpu import faults, nvidiasmi
+from gpulab.fakegpu import cudaerrors, faults, smistate
 
 GPU_NODES = {"gpu-node-1": 2, "edge-node-1": 1}
 
@@ -79,8 +79,8 @@ def test_an_old_driver_reports_an_older_cuda() -> None:
     (faults.FABRIC_MANAGER_DOWN, "system not yet initialized"),
 ])
 def test_each_driver_fault_gives_the_chapters_cuda_error(kind: str, message: str) -> None:
-    state = nvidiasmi.build_state("h100-80gb", 2, "gpu-node-1", fault=kind)
-    assert nvidiasmi.cuda_error(state, "all", "12.8").message == message
+    state = smistate.build_state("h100-80gb", 2, "gpu-node-1", fault=kind)
+    assert cudaerrors.cuda_error(state, "all", "12.8").message == message
     assert faults.KINDS[kind].startswith(message) or message in faults.KINDS[kind]
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpulab.fakegpu import config as c
+from gpulab.fakegpu import devicemap, pluginconfig
 from gpulab.fakegpu import gfd
 
 TS = "sharing:\n  timeSlicing:\n    resources:\n    - name: nvidia.com/gpu\n      replicas: 4\n"
@@ -69,7 +69,7 @@ def test_label_values_are_strings_and_sorted():
 
 
 def test_time_slicing_adds_shared_suffix_and_replicas():
-    got = labels(count=2, config=c.parse_config(TS))
+    got = labels(count=2, config=pluginconfig.parse_config(TS))
     assert got["nvidia.com/gpu.product"] == "NVIDIA-H100-80GB-HBM3-SHARED"
     assert got["nvidia.com/gpu.replicas"] == "4"
     assert got["nvidia.com/gpu.count"] == "2"  # physical GPUs, not replicas
@@ -77,22 +77,22 @@ def test_time_slicing_adds_shared_suffix_and_replicas():
 
 
 def test_renamed_replicas_keep_the_plain_product():
-    cfg = c.parse_config(TS.replace("timeSlicing:\n", "timeSlicing:\n    renameByDefault: true\n"))
+    cfg = pluginconfig.parse_config(TS.replace("timeSlicing:\n", "timeSlicing:\n    renameByDefault: true\n"))
     got = labels(config=cfg)
     assert got["nvidia.com/gpu.product"] == "NVIDIA-H100-80GB-HBM3"
     assert got["nvidia.com/gpu.replicas"] == "4"
 
 
 def test_mps_labels():
-    got = labels(config=c.parse_config(TS.replace("timeSlicing", "mps")))
+    got = labels(config=pluginconfig.parse_config(TS.replace("timeSlicing", "mps")))
     assert got["nvidia.com/mps.capable"] == "true"
     assert got["nvidia.com/gpu.sharing-strategy"] == "mps"
     assert got["nvidia.com/gpu.product"].endswith("-SHARED")
 
 
 def test_mps_on_a_mig_node_breaks_gfd():
-    cfg = c.parse_config(TS.replace("timeSlicing", "mps"))
-    with pytest.raises(c.DevicePluginError, match="MPS sharing is not supported for mig devices"):
+    cfg = pluginconfig.parse_config(TS.replace("timeSlicing", "mps"))
+    with pytest.raises(devicemap.DevicePluginError, match="MPS sharing is not supported for mig devices"):
         labels(config=cfg, mig_layout="all-1g.10gb", mig_strategy="single")
 
 
@@ -116,7 +116,7 @@ def test_single_strategy_all_3g_40gb():
 
 def test_single_strategy_with_time_slicing():
     got = labels("a100-40gb", mig_layout="all-1g.5gb", mig_strategy="single",
-                 config=c.parse_config(TS.replace("replicas: 4", "replicas: 2")))
+                 config=pluginconfig.parse_config(TS.replace("replicas: 4", "replicas: 2")))
     assert got["nvidia.com/gpu.product"] == "NVIDIA-A100-SXM4-40GB-MIG-1g.5gb-SHARED"
     assert (got["nvidia.com/gpu.count"], got["nvidia.com/gpu.replicas"]) == ("7", "2")
     assert got["nvidia.com/gpu.memory"] == "4864"
@@ -143,7 +143,7 @@ def test_mixed_strategy_all_balanced():
 
 
 def test_mixed_strategy_with_a_time_sliced_mig_profile():
-    cfg = c.parse_config(TS.replace("nvidia.com/gpu", "nvidia.com/mig-1g.10gb").replace("4", "2"))
+    cfg = pluginconfig.parse_config(TS.replace("nvidia.com/gpu", "nvidia.com/mig-1g.10gb").replace("4", "2"))
     got = labels(mig_layout="all-1g.10gb", mig_strategy="mixed", config=cfg)
     assert got["nvidia.com/mig-1g.10gb.replicas"] == "2"
     assert got["nvidia.com/mig-1g.10gb.product"] == "NVIDIA-H100-80GB-HBM3-MIG-1g.10gb-SHARED"
@@ -173,7 +173,7 @@ def test_l4_is_not_mig_capable():
 def test_timestamp_comes_from_the_clock_and_can_be_disabled():
     got = gfd.gfd_labels("l4", 1, clock=lambda: 1234.9)
     assert got[gfd.TIMESTAMP_LABEL] == "1234"
-    cfg = c.parse_config("flags:\n  gfd:\n    noTimestamp: true\n")
+    cfg = pluginconfig.parse_config("flags:\n  gfd:\n    noTimestamp: true\n")
     assert gfd.TIMESTAMP_LABEL not in gfd.gfd_labels("l4", 1, config=cfg, clock=lambda: 1.0)
 
 
@@ -219,7 +219,7 @@ def test_operator_keeps_existing_choices():
 
 
 def test_node_labels_merge_all_three():
-    got = gfd.node_labels("h100-80gb", 2, config=c.parse_config(TS), timestamp=1)
+    got = gfd.node_labels("h100-80gb", 2, config=pluginconfig.parse_config(TS), timestamp=1)
     assert got["feature.node.kubernetes.io/pci-10de.present"] == "true"
     assert got["nvidia.com/gpu.present"] == "true"
     assert got["nvidia.com/gpu.product"] == "NVIDIA-H100-80GB-HBM3-SHARED"

@@ -7,7 +7,7 @@ from collections import Counter
 import pytest
 
 from gpulab.fakegpu import mig
-from gpulab.hardware.models import MIG_COMPUTE_SLICES, MIG_MEMORY_SLICES, MigNotSupported, get_model, list_models
+from gpulab.hardware.models import MigNotSupported, get_model, list_models
 
 MIG_MODELS = [x for x in list_models() if x.mig_capable]
 
@@ -28,6 +28,10 @@ MIG_MODELS = [x for x in list_models() if x.mig_capable]
         ("h100-80gb", "all-3g.40gb", {"3g.40gb": 2}),
         ("h100-80gb", "all-1g.10gb.me", {"1g.10gb+me": 1}),
         ("h200-141gb", "all-7g.141gb", {"7g.141gb": 1}),
+        ("a30", "all-1g.6gb", {"1g.6gb": 4}),
+        ("a30", "all-2g.12gb", {"2g.12gb": 2}),
+        ("a30", "all-2g.12gb.me", {"2g.12gb+me": 1}),
+        ("a30", "all-4g.24gb", {"4g.24gb": 1}),
     ],
 )
 def test_instance_counts(model, layout, expected):
@@ -41,6 +45,7 @@ def test_instance_counts(model, layout, expected):
         ("a100-80gb", {"1g.10gb": 2, "2g.20gb": 1, "3g.40gb": 1}),
         ("a100-40gb", {"1g.5gb": 2, "2g.10gb": 1, "3g.20gb": 1}),
         ("h200-141gb", {"1g.18gb": 2, "2g.35gb": 1, "3g.71gb": 1}),
+        ("a30", {"1g.6gb": 2, "2g.12gb": 1}),
     ],
 )
 def test_all_balanced_per_model(model, expected):
@@ -49,10 +54,12 @@ def test_all_balanced_per_model(model, expected):
 
 @pytest.mark.parametrize("model", MIG_MODELS, ids=lambda x: x.key)
 def test_all_balanced_follows_mig_parted_rule(model):
-    # 7-slot GPUs: 2 x 1g + 1 x 2g + 1 x 3g, base profiles only, for each g
-    # the profile with the most instances.
+    # mig-parted's balanced.go: 7-slot GPUs 2 x 1g + 1 x 2g + 1 x 3g, 4-slot
+    # GPUs 2 x 1g + 1 x 2g; base profiles only, for each g the profile with
+    # the most instances.
+    rule = {7: ((1, 2), (2, 1), (3, 1)), 4: ((1, 2), (2, 1))}[model.mig_compute_slices]
     want = {}
-    for g, n in ((1, 2), (2, 1), (3, 1)):
+    for g, n in rule:
         base = [p for p in model.mig_profiles if p.compute_slices == g and p.is_base]
         want[max(base, key=lambda p: p.max_instances).name] = n
     assert model.layout("all-balanced").profile_counts == want
@@ -62,13 +69,13 @@ def test_all_balanced_follows_mig_parted_rule(model):
 def test_every_layout_is_physically_valid(model):
     for name in model.mig_layout_names():
         layout = model.layout(name)
-        used = [0] * MIG_MEMORY_SLICES
+        used = [0] * model.mig_memory_slices
         for s in layout.slices:
             assert s.start in s.profile.placements
             for i in range(s.start, s.end):
                 used[i] += 1
         assert max(used, default=0) <= 1, f"{name}: overlapping instances"
-        assert sum(s.profile.compute_slices for s in layout.slices) <= MIG_COMPUTE_SLICES
+        assert sum(s.profile.compute_slices for s in layout.slices) <= model.mig_compute_slices
         assert [s.gi_id for s in layout.slices] == sorted({s.gi_id for s in layout.slices})
         assert layout.mig_enabled == (name != "all-disabled")
 

@@ -18,7 +18,7 @@ REF = REPO / "tests" / "fixtures" / "nvidia-h200"
 
 
 def test_the_required_models_exist():
-    assert {"h100-80gb", "h200-141gb", "a100-80gb", "a100-40gb", "l4"} <= set(m.model_keys())
+    assert {"h100-80gb", "h200-141gb", "a100-80gb", "a100-40gb", "a30", "l4"} <= set(m.model_keys())
     assert [x.key for x in m.list_models()] == m.model_keys()
 
 
@@ -35,6 +35,9 @@ def test_the_required_models_exist():
         ("NVIDIA-A100-SXM4-80GB", "a100-80gb"),
         ("NVIDIA-A100-SXM4-40GB", "a100-40gb"),
         ("NVIDIA-L4", "l4"),
+        ("NVIDIA-A30", "a30"),
+        ("NVIDIA A30", "a30"),                            # DCGM's modelName
+        ("A30-24GB", "a30"),
     ],
 )
 def test_get_model_accepts_keys_and_product_names(name, key):
@@ -197,12 +200,58 @@ def test_place_finds_a_legal_geometry():
 
 
 def test_gpu_instance_ids_follow_the_driver():
-    assert m.gi_id_for(0, 8) == 0
-    assert (m.gi_id_for(0, 4), m.gi_id_for(4, 4)) == (1, 2)
-    assert (m.gi_id_for(0, 2), m.gi_id_for(4, 2)) == (3, 5)
-    assert (m.gi_id_for(0, 1), m.gi_id_for(6, 1)) == (7, 13)
-    with pytest.raises(m.GpuModelError):
-        m.gi_id_for(1, 2)
+    # 8 memory slices (A100/H100/H200)
+    assert m.gi_id_for(0, 8, 8) == 0
+    assert (m.gi_id_for(0, 4, 8), m.gi_id_for(4, 4, 8)) == (1, 2)
+    assert (m.gi_id_for(0, 2, 8), m.gi_id_for(4, 2, 8)) == (3, 5)
+    assert (m.gi_id_for(0, 1, 8), m.gi_id_for(6, 1, 8)) == (7, 13)
+    # 4 memory slices (A30; real: 1g at 0..3 -> GI 3..6, 2g at 2 -> GI 2)
+    assert [m.gi_id_for(i, 1, 4) for i in range(4)] == [3, 4, 5, 6]
+    assert (m.gi_id_for(0, 2, 4), m.gi_id_for(2, 2, 4), m.gi_id_for(0, 4, 4)) == (1, 2, 0)
+    for bad in ((1, 2, 8), (0, 8, 4), (4, 1, 4), (0, 1, 6)):
+        with pytest.raises(m.GpuModelError):
+            m.gi_id_for(*bad)
+
+
+@pytest.mark.parametrize("model", [x for x in m.list_models() if x.mig_capable], ids=lambda x: x.key)
+def test_every_mig_model_declares_its_slices_and_a_whole_gpu_profile(model):
+    whole = [p for p in model.mig_profiles
+             if (p.compute_slices, p.memory_slices) == (model.mig_compute_slices, model.mig_memory_slices)]
+    assert len(whole) == 1 and whole[0].placements == (0,)
+    assert model.layout(f"all-{whole[0].config_name}").slices[0].gi_id == 0
+    for p in model.mig_profiles:
+        assert model.mig_share(p) == pytest.approx(p.compute_slices / model.mig_compute_slices)
+
+
+def test_slices_and_shares_are_the_models():
+    h100, a30 = m.get_model("h100-80gb"), m.get_model("a30")
+    assert (h100.mig_memory_slices, h100.mig_compute_slices) == (8, 7)
+    assert (a30.mig_memory_slices, a30.mig_compute_slices) == (4, 4)
+    assert h100.mig_share("1g.10gb") == pytest.approx(1 / 7) and a30.mig_share("1g.6gb") == 0.25
+    assert a30.mig_share("2g.12gb+me") == 0.5
+    l4 = m.get_model("l4")
+    assert (l4.mig_memory_slices, l4.mig_compute_slices) == (0, 0)
+    with pytest.raises(m.MigNotSupported):
+        l4.mig_share("1g.10gb")
+    with pytest.raises(m.MigPlacementError, match="needs 5 compute slices; a NVIDIA A30 has 4"):
+        a30.place({"4g.24gb": 1, "1g.6gb": 1})
+
+
+def test_a30_matches_the_real_captures():
+    a30 = m.get_model("a30")
+    assert (a30.product_name, a30.memory_mib, a30.power.limit_w, a30.compute_capability) == (
+        "NVIDIA A30", 24576, 165, "8.0")
+    assert a30.pci.device_id == "0x20B710DE"
+    # nvidia-smi mig -lgip / -lgipp on a real A30 (driver 535.183.01)
+    lgip = {"1g.6gb": (14, 4, 5.81, 14), "1g.6gb+me": (21, 1, 5.81, 14), "2g.12gb": (5, 2, 11.69, 28),
+            "2g.12gb+me": (6, 1, 11.69, 28), "4g.24gb": (0, 1, 23.44, 56)}
+    lgipp = {14: ((0, 1, 2, 3), 1), 21: ((0, 1, 2, 3), 1), 5: ((0, 2), 2), 6: ((0, 2), 2), 0: ((0,), 4)}
+    assert [p.name for p in a30.mig_profiles] == list(lgip)
+    for p in a30.mig_profiles:
+        pid, inst, gib, sm = lgip[p.name]
+        assert (p.gi_profile_id, p.max_instances, p.multiprocessors) == (pid, inst, sm)
+        assert p.memory_mib / 1024 == pytest.approx(gib, abs=0.005)
+        assert lgipp[pid] == (p.placements, p.memory_slices)
 
 
 def test_gpu_uuids_are_deterministic_and_look_real():
@@ -282,6 +331,44 @@ def test_a_minimal_models_file_loads(tmp_path):
 )
 def test_models_file_errors_name_the_field(tmp_path, text, problem):
     with pytest.raises(m.ModelDataError, match=problem):
+        m.load_models(_write(tmp_path, text))
+
+
+_MIG = _MINIMAL.format(gfd="Tesla-T4", alias="x").replace("    mig: null\n", """    mig:
+      memory_slices: MEM
+      compute_slices: G
+      profiles:
+        - {name: 1g.4gb, id: 14, g: 1, mem_slices: 1, instances: 4, memory_mib: 3800, sm: 10, ce: 1, dec: 0, enc: 0, jpeg: 0, ofa: 0, bar1_mib: 4095, placements: [0, 1, 2, 3]}
+        - {name: 4g.15gb, id: 0, g: 4, mem_slices: 4, instances: 1, memory_mib: 15200, sm: 40, ce: 4, dec: 1, enc: 0, jpeg: 0, ofa: 0, bar1_mib: 16383, placements: [0]}
+      balanced: {1g.4gb: 2}
+""")
+
+
+def _mig(mem, g):
+    return _MIG.replace("MEM", str(mem)).replace("compute_slices: G", f"compute_slices: {g}")
+
+
+def test_a_mig_model_with_four_slices_loads(tmp_path):
+    t4 = m.load_models(_write(tmp_path, _mig(4, 4)))["t4"]
+    assert (t4.mig_memory_slices, t4.mig_compute_slices) == (4, 4)
+    assert [s.gi_id for s in t4.layout("all-1g.4gb").slices] == [3, 4, 5, 6]
+
+
+@pytest.mark.parametrize(("mem", "g", "problem"), [
+    (8, 7, r"mig: no profile spans the whole GPU \(g: 7, mem_slices: 8\)"),   # the 7/8 default assumed
+    (4, 7, r"mig: no profile spans the whole GPU \(g: 7, mem_slices: 4\)"),
+    (6, 4, r"mig\.memory_slices: must be a power of two"),
+    (2, 4, r"profiles\[0\]\.placements: start 2 with 1 slices leaves the GPU \(2 memory slices\)"),
+    (4, 2, r"profiles\[1\]\.g: at most 2 compute slices on this GPU, got 4"),
+])
+def test_mig_slices_are_checked_against_the_profiles(tmp_path, mem, g, problem):
+    with pytest.raises(m.ModelDataError, match=problem):
+        m.load_models(_write(tmp_path, _mig(mem, g)))
+
+
+def test_mig_slices_are_required(tmp_path):
+    text = _mig(4, 4).replace("      compute_slices: 4\n", "")
+    with pytest.raises(m.ModelDataError, match=r"models\.t4\.mig\.compute_slices: missing"):
         m.load_models(_write(tmp_path, text))
 
 

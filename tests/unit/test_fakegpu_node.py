@@ -14,9 +14,11 @@ from deviceplugin_support import eventually
 
 from gpulab.kube.topology import NodeSpec
 from gpulab.fakegpu import dcgm, faults, nvidiasmi
-from gpulab.fakegpu.config import advertised_resources, parse_config
+from gpulab.fakegpu.devicemap import advertised_resources
+from gpulab.fakegpu.pluginconfig import parse_config
 from gpulab.fakegpu.deviceplugin.plugin import DevicePlugin, PluginConfig
-from gpulab.fakegpu.node import DEVICES_ANNOTATION, GpuNode, cuda_runtime_of
+from gpulab.fakegpu.node import GpuNode, cuda_runtime_of
+from gpulab.kube.names import ALLOCATED_DEVICES_ANNOTATION
 from gpulab.runtime.devices import AdmissionError
 
 CUDA = "nvcr.io/nvidia/cuda:12.6.2-base-ubuntu24.04"
@@ -138,7 +140,7 @@ def test_admission_allocates_and_the_container_sees_its_gpu(node, plugin) -> Non
     p = pod("gpu-check")
     node.admit(p)
     annotation = next(b for k, _, b, _ in node.stack.client.patches if k == "Pod")["metadata"]["annotations"]
-    assert '"nvidia.com/gpu": ["GPU-' in annotation[DEVICES_ANNOTATION]
+    assert '"nvidia.com/gpu": ["GPU-' in annotation[ALLOCATED_DEVICES_ANNOTATION]
     grant = node.prepare(p, p["spec"]["containers"][0])
     assert grant.env["NVIDIA_VISIBLE_DEVICES"].startswith("GPU-")
     assert any(m.container_path == "/usr/bin/nvidia-smi" and m.host_path == str(node.nvidia_smi)
@@ -229,11 +231,11 @@ def test_release_frees_devices_and_memory(node, plugin) -> None:
     for p in big:
         node.admit(p)
         assert node.observe(p, p["spec"]["containers"][0], running=True) is None
-    assert sorted(node.gpu_pods()) == ["default/b0", "default/b1"]
+    assert len(node.manager.pod_devices()) == 2  # the device manager holds both pods' devices
     assert all(g["memory_used_mib"] == 70 * 1024 for g in node.state()["gpus"])
     for p in big:
         node.release(p)
-    assert node.gpu_pods() == [] and all(g["memory_used_mib"] == 0 for g in node.state()["gpus"])
+    assert not node.manager.pod_devices() and all(g["memory_used_mib"] == 0 for g in node.state()["gpus"])
 
 
 def test_mig_devices_from_the_hardware_state(node, plugin) -> None:
@@ -363,9 +365,11 @@ def test_a_deep_node_directory_gets_short_socket_paths(tmp_path, monkeypatch):
 
     run = tempfile.mkdtemp(dir="/tmp")  # as short as /run/user/1000
     monkeypatch.setenv("XDG_RUNTIME_DIR", run)
-    shallow = tmp_path / "n" / "dp"
+    # Not pytest's tmp_path: its length grows with the run counter (pytest-of-root/pytest-123/...).
+    base = Path(tempfile.mkdtemp(prefix="sd-", dir="/tmp"))
+    shallow = base / "n" / "dp"
     assert socket_dir(shallow) == shallow
-    cluster = tmp_path / ("x" * 60) / "cluster"
+    cluster = base / ("x" * 60) / "cluster"
     deep = cluster / "nodes" / "gpu-node-1" / "host" / "var" / "lib" / "kubelet" / "device-plugins"
     deep.mkdir(parents=True)
     (deep / "kubelet_internal_checkpoint").write_text("{}")
@@ -381,3 +385,4 @@ def test_a_deep_node_directory_gets_short_socket_paths(tmp_path, monkeypatch):
     remove_socket_dirs(cluster)  # gpulab down --purge
     assert not short.exists()
     shutil.rmtree(run)
+    shutil.rmtree(base)

@@ -9,11 +9,11 @@ import pytest
 from gpulab.kube import api
 from gpulab.grading import grader
 from gpulab.grading.checks import CheckLoadError
+from gpulab.cluster.baseline import ClusterState
 from gpulab.grading.cluster import (
     POD_LOG,
     ClusterCollector,
     ClusterSandbox,
-    ClusterState,
     LabEnv,
     LabSpec,
     delete_leftovers,

@@ -1,16 +1,22 @@
 """Does the grading jail hide the host, keep the repository read-only and relay only the apiserver?
 
-These run real namespaces (root or unprivileged user namespaces, as the pod
-sandbox needs) but no cluster; a shell inside the jail reports what it sees.
+These run the sandbox ``GPULAB_SANDBOX`` chooses (namespaces: root or
+unprivileged user namespaces, as pods need; process: proot) but no cluster; a
+shell or a notebook inside the jail reports what it sees. The process sandbox
+has no network of its own: the network assertions are the namespaces
+sandbox's.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import http.server
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 from pathlib import Path
 
@@ -19,12 +25,21 @@ import pytest
 from gpulab.grading.jail import Jail
 from gpulab.grading.record import load_results
 from gpulab.grading.runner import Runner
+from gpulab.runtime import sandbox
 from grading_support import notebook, write
 
 REPO = Path(__file__).resolve().parents[2]
+SOLUTION = REPO / "solutions" / "03-taints-tolerations.ipynb"
 
 
-def run_inside(jail: Jail, script: str, relay_port: int | None = None, upstream=None) -> subprocess.CompletedProcess:
+def own_network() -> bool:
+    return sandbox.kind() == "namespaces"
+
+
+def run_inside(jail: Jail, script: str, relay_port: int | None = None, upstream=None,
+               keep=()) -> subprocess.CompletedProcess:
+    if keep:
+        jail = dataclasses.replace(jail, keep=[*jail.keep, *keep])
     run_dir = jail.make_run_dir()
     spec = jail.spec(["/bin/sh", "-c", script], {"PATH": "/usr/bin:/bin", "RUN": str(run_dir)}, run_dir, run_dir,
                      relay_port)
@@ -35,8 +50,6 @@ def run_inside(jail: Jail, script: str, relay_port: int | None = None, upstream=
             return subprocess.run(jail.command(spec_path), capture_output=True, text=True, timeout=60)
     finally:
         jail.cleanup(spec)
-        import shutil
-
         shutil.rmtree(run_dir, ignore_errors=True)
 
 
@@ -61,7 +74,8 @@ def test_the_host_is_out_of_sight_and_the_repository_read_only(jail, tmp_path):
     lines = proc.stdout.split("\n")
     assert proc.returncode == 0, proc.stderr
     assert lines[:5] == ["no-secret", "0", "repo-read-only", "ok", "python-there"]
-    assert lines[5] == "1"  # only the loopback interface of its own network namespace
+    if own_network():
+        assert lines[5] == "1"  # only the loopback interface of its own network namespace
     assert lines[6] == "CapEff:0000000000000000"
     assert int(lines[7]) == (65534 if os.geteuid() == 0 else os.geteuid())
     assert not (REPO / "jail-was-here").exists()
@@ -94,7 +108,10 @@ def test_only_the_relayed_port_is_reachable(jail):
         server.shutdown()
         other.shutdown()
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.split() == ["through", "the", "relay", "URLError"]
+    if own_network():
+        assert proc.stdout.split() == ["through", "the", "relay", "URLError"]
+    else:  # no relay: the kernel reaches the apiserver (and, alas, everything else) directly
+        assert proc.stdout.split() == ["through", "the", "relay"] * 2
 
 
 def test_a_jailed_notebook_runs_and_its_outputs_come_back(tmp_path, jail):
@@ -116,3 +133,83 @@ def test_a_jailed_notebook_runs_and_its_outputs_come_back(tmp_path, jail):
     assert values == {"uid": 65534 if os.geteuid() == 0 else os.geteuid(), "cwd_writable": True, "secret": False}
     assert ex.output_path and ex.output_path.parent == tmp_path / "work"
     assert len(made) == 1 and not made[0].exists()  # the private run directory is gone
+
+
+def test_only_the_package_and_the_manifests_of_the_repository_are_there(jail):
+    exposed = sorted({p.relative_to(REPO).parts[0] for p in jail.kept() if REPO in p.parents})
+    assert {"gpulab", "manifests"} <= set(exposed) and "solutions" not in exposed
+    lab_file = REPO / "manifests" / "labs" / "03-taints-tolerations" / "web-plain.yaml"
+    probe = f"import os; print(sorted(os.listdir({str(REPO)!r}))); print(os.path.isfile({str(lab_file)!r}))"
+    proc = run_inside(jail, f"{sys.executable} -I -c \"{probe}\"")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split("\n")[:2] == [repr(exposed), "True"]
+
+
+def test_the_solutions_stay_out_of_reach_whatever_the_system_call(jail):
+    """openat2 and a 64-bit program's int 0x80 (i386) calls reach files without the calls proot translates."""
+    if not SOLUTION.is_file():
+        pytest.skip(f"{SOLUTION} is not in this checkout")
+    probe = f"""
+import ctypes, os, platform
+libc = ctypes.CDLL(None, use_errno=True)
+path = {str(SOLUTION)!r}.encode()
+def show(name, fd):
+    print(name, "open" if fd >= 0 else "refused")
+how = (ctypes.c_uint64 * 3)()  # struct open_how: flags, mode, resolve
+show("openat2", libc.syscall(437, -100, path, how, 24))
+show("faccessat2", libc.syscall(439, -100, path, 4, 0))
+page = None
+if platform.machine() == "x86_64":
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    page = libc.mmap(None, 4096, 7, 0x22 | 0x40, -1, 0)  # rwx, private anonymous, below 4 GiB
+if page not in (None, 2**64 - 1):
+    ctypes.memmove(page + 1024, path + b"\\0", len(path) + 1)
+    # push rbx; mov eax, 5 (i386 open); mov ebx, path; xor ecx, ecx; xor edx, edx; int 0x80; pop rbx; ret
+    code = (b"\\x53\\xb8\\x05\\0\\0\\0\\xbb" + (page + 1024).to_bytes(4, "little")
+            + b"\\x31\\xc9\\x31\\xd2\\xcd\\x80\\x5b\\xc3")
+    ctypes.memmove(page, code, len(code))
+    show("int80", ctypes.CFUNCTYPE(ctypes.c_int)(page)())
+else:
+    show("int80", -1)  # no such ABI here
+"""
+    script = Path(tempfile.mkdtemp(prefix="gl-probe-", dir="/tmp")) / "probe.py"
+    script.write_text(probe)
+    script.parent.chmod(0o755)
+    try:
+        proc = run_inside(jail, f"{sys.executable} -I -S {script}", keep=[script.parent])
+    finally:
+        shutil.rmtree(script.parent, ignore_errors=True)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split("\n")[:3] == ["openat2 refused", "faccessat2 refused", "int80 refused"]
+
+
+def test_a_graded_submission_cannot_read_the_solutions(tmp_path, jail):
+    if not SOLUTION.is_file():
+        pytest.skip(f"{SOLUTION} is not in this checkout")
+    nb = write(notebook([
+        "import os, gpulab.grading as g\n"
+        "from gpulab import paths\n"
+        "def attempt(fn):\n"
+        "    try:\n"
+        "        return ['visible', repr(fn())[:80]]\n"
+        "    except Exception as exc:\n"
+        "        return ['blocked', type(exc).__name__]\n"
+        f"solution = {str(SOLUTION)!r}\n"
+        "g.record('absolute', attempt(lambda: open(solution).read()))\n"
+        "g.record('relative', attempt(lambda: open(os.path.relpath(solution)).read()))\n"
+        "repo = str(paths.repo_root())\n"
+        "g.record('in_repo', attempt(lambda: os.open('solutions/' + os.path.basename(solution), os.O_RDONLY,\n"
+        "                                            dir_fd=os.open(repo, os.O_RDONLY))))\n"
+        "g.record('listed', 'solutions' in os.listdir(repo))\n",
+        # What a lab needs is there: its files and the package, visible checks included (labs 02, 08).
+        "from gpulab.grading.labkit import manifest\n"
+        "from gpulab.grading.fixtures.broken_layer import practice_break\n"
+        "g.record('manifest', manifest('03-taints-tolerations/web-plain.yaml').is_file())\n"
+        "g.record('checks', callable(practice_break))",
+    ]), tmp_path / "sub" / "nb.ipynb")
+    ex = Runner(cell_timeout=30, timeout=90, jail=jail).run(nb, tmp_path / "work")
+    assert ex.ok, (ex.message, ex.traceback, ex.log_path.read_text() if ex.log_path else "")
+    assert load_results(ex.results_path) == {
+        "absolute": ["blocked", "FileNotFoundError"], "relative": ["blocked", "FileNotFoundError"],
+        "in_repo": ["blocked", "FileNotFoundError"], "listed": False, "manifest": True, "checks": True}

@@ -12,9 +12,12 @@ import time
 import pytest
 
 from gpulab.fakegpu import faults
-from gpulab.grading import gpustack, journal
-from gpulab.grading.cluster import ClusterSandbox, ClusterState, LabSpec, load_lab_spec, restore_journal
-from gpulab.grading.journal import Journal, JournalError, Owner, Restored
+from gpulab.cluster import baseline
+from gpulab.grading import journal
+from gpulab.cluster.baseline import ClusterState
+from gpulab.grading.cluster import ClusterSandbox, LabSpec, load_lab_spec, restore_journal
+from gpulab.cluster.baseline import Restored
+from gpulab.grading.journal import Journal, JournalError, Owner
 from grading_support import FakeClient, apply_merge_patch
 
 
@@ -157,7 +160,7 @@ def test_recover_restores_dead_owners_leaves_living_ones_and_keeps_failed_ones(t
                       "  gpu-node-1: taint nvidia.com/gpu=true:NoSchedule removed"]
     zh = outcomes["grade-02-dead"].lines("zh")
     assert "被中断" in zh[0] and zh[1:] == ["  ↩ gpu-node-1：清除了故障 gpu-unhealthy (GPU 1)",
-                                            "  ↩ gpu-node-1：去掉了污点 nvidia.com/gpu=true:NoSchedule"]
+                                            "  ↩ gpu-node-1：污点 nvidia.com/gpu=true:NoSchedule 已去掉"]
     assert "still running" in outcomes["check-02-alive"].lines()[0]
     assert "仍在运行" in outcomes["check-02-alive"].lines("zh")[0]
     failed = outcomes["grade-02-fails"].lines()
@@ -175,9 +178,9 @@ def test_a_journal_from_before_a_reset_is_dropped(tmp_path):
 def test_restore_journal_puts_back_faults_taints_labels_and_priority_classes(tmp_path, monkeypatch):
     pc = {"kind": "PriorityClass", "apiVersion": "scheduling.k8s.io/v1", "metadata": {"name": "kept"}, "value": 5}
     client = FakeClient([node("gpu-node-1", {"gfd": "1"}), node("cpu-node-1", gpus=0), pc])
-    monkeypatch.setattr(gpustack, "gpu_nodes", lambda root: {"gpu-node-1": 2})
+    monkeypatch.setattr(baseline, "gpu_nodes", lambda root: {"gpu-node-1": 2})
     monkeypatch.setattr(faults, "wait_applied", lambda *a, **k: True)
-    monkeypatch.setattr(gpustack.operator, "stack_ready", lambda client: None)
+    monkeypatch.setattr(baseline.operator, "stack_ready", lambda client: None)
     record = open_journal(tmp_path, client, faults_before=faults.snapshot(tmp_path, ["gpu-node-1"]),
                           cleanup={"cluster_binding": "gpulab:grading:grade-02-amy"})
     # What SETUP and the run did before the grader was killed:
@@ -241,7 +244,7 @@ def test_the_sandbox_journals_before_setup_and_removes_the_journal_after_teardow
 
     spec = LabSpec("09-hooks", "09", cluster_wide=True, setup=setup, teardown=teardown)
     client = FakeClient([node("gpu-node-1")])
-    monkeypatch.setattr(gpustack, "gpu_nodes", lambda root: {"gpu-node-1": 2})
+    monkeypatch.setattr(baseline, "gpu_nodes", lambda root: {"gpu-node-1": 2})
     sandbox = ClusterSandbox(client, None, "https://127.0.0.1:1", spec, cluster_root=tmp_path)
     for piece in ("_ensure_cluster_roles", "_check_gpus"):
         monkeypatch.setattr(sandbox, piece, lambda *a: None)
@@ -274,22 +277,22 @@ def test_merge_patch_turns_one_spec_into_another():
     have = {"devicePlugin": {"config": {"name": "ts", "default": "any"}, "enabled": True}, "mig": {"strategy": "mixed"},
             "extra": [1, 2]}
     want = {"devicePlugin": {"config": {}, "enabled": True}, "mig": {"strategy": "single"}}
-    patch = gpustack.merge_patch(have, want)
+    patch = baseline.merge_patch(have, want)
     assert patch == {"devicePlugin": {"config": {"name": None, "default": None}}, "mig": {"strategy": "single"},
                      "extra": None}
     merged = copy.deepcopy(have)
     apply_merge_patch(merged, patch)
     assert merged == want
-    assert gpustack.merge_patch(want, want) == {}
+    assert baseline.merge_patch(want, want) == {}
 
 
 def test_the_cluster_policy_is_restored_with_a_patch_never_a_put():
     policy = {"kind": "ClusterPolicy", "metadata": {"name": "cluster-policy", "resourceVersion": "7"},
               "spec": {"mig": {"strategy": "mixed"}}, "status": {"state": "ready"}}
     client = FakeClient([policy])  # FakeClient has no request(): a PUT would fail here
-    assert gpustack.put_policy_spec(client, {"mig": {"strategy": "single"}})
+    assert baseline.put_policy_spec(client, {"mig": {"strategy": "single"}})
     assert client.calls == [("patch", "ClusterPolicy", "cluster-policy", {"spec": {"mig": {"strategy": "single"}}})]
-    assert not gpustack.put_policy_spec(client, {"mig": {"strategy": "single"}})
+    assert not baseline.put_policy_spec(client, {"mig": {"strategy": "single"}})
     assert client.get("ClusterPolicy", "cluster-policy")["status"] == {"state": "ready"}
 
 

@@ -1,58 +1,168 @@
-"""The labs as files, and their checks on hand-made objects (no cluster, no notebook runs)."""
+"""The labs as files, and their checks on hand-made objects (no cluster, no notebook runs).
+
+The structural rules every lab follows are DEVELOPMENT.md's "A lab" steps; :func:`lab_problems`
+checks them for one lab under any checkout root (``tests/unit/test_add_a_lab.py`` runs it on a
+new lab in a temporary copy), and each problem it reports says the rule and why it exists.
+"""
 
 from __future__ import annotations
 
+import importlib
 import re
+from collections.abc import Iterable
 from pathlib import Path
 
 import nbformat
 import pytest
 
-from gpulab.grading.checks import Context, load_hidden_checks, load_lab_checks
+from gpulab.grading.checks import CheckLoadError, Context, lab_module_name, load_hidden_checks, load_lab_checks
 from gpulab.grading.cluster import load_lab_spec
 from gpulab.grading.labs import lab_01, lab_02, lab_03, lab_05, lab_07, lab_08
 from gpulab.grading.labsource import check_drift
 
 REPO = Path(__file__).resolve().parents[2]
 HIDDEN = REPO / "tests" / "fixtures" / "hidden"
-LABS = sorted(p.stem for p in (REPO / "solutions").glob("*.ipynb"))
+#: ``NN-<slug>``: two digits, then lower-case words joined by ``-``.
+LAB_NAME = re.compile(r"^(?P<number>\d{2})-[a-z0-9]+(?:-[a-z0-9]+)*$")
+
+
+def lab_names(solutions: Path) -> list[str]:
+    """The labs, derived from the files: one ``solutions/NN-<slug>.ipynb`` is one lab."""
+    return sorted(p.stem for p in Path(solutions).glob("*.ipynb") if not p.name.startswith("."))
+
+
+LABS = lab_names(REPO / "solutions")
+
+
+def naming_problems(names: Iterable[str]) -> list[str]:
+    """Lab file names that break the numbering rule, each with the rule and why."""
+    problems, seen = [], {}
+    for name in names:
+        m = LAB_NAME.match(name)
+        if m is None:
+            problems.append(f"solutions/{name}.ipynb: a lab file is named NN-<slug>.ipynb (two digits, then "
+                            "lower-case words joined by '-'), because the number picks its check module "
+                            "gpulab/grading/labs/lab_NN.py and `gpulab check/grade --lab NN`")
+        elif m["number"] in seen:
+            problems.append(f"solutions/{name}.ipynb: number {m['number']} is already lab {seen[m['number']]}; "
+                            "each lab needs a number of its own, because the number picks its check module "
+                            "gpulab/grading/labs/lab_NN.py")
+        else:
+            seen[m["number"]] = name
+    return problems
+
+
+def lab_problems(lab: str, root: Path = REPO, hidden: Path | None = None) -> list[str]:
+    """Every rule of DEVELOPMENT.md's "A lab" that ``lab`` breaks under checkout ``root``.
+
+    ``root`` holds ``solutions/`` and the generated ``labs/``; the check module is the one
+    ``import gpulab.grading.labs.lab_NN`` finds; ``hidden`` (default: ``root``'s
+    tests/fixtures/hidden) holds the example hidden checks.
+    """
+    root = Path(root)
+    hidden = Path(hidden) if hidden is not None else root / "tests" / "fixtures" / "hidden"
+    solution = nbformat.read(root / "solutions" / f"{lab}.ipynb", as_version=4)
+    generated_path = root / "labs" / f"{lab}.ipynb"
+    if not generated_path.exists():
+        return [f"labs/{lab}.ipynb is missing: generate it from the solution with `make labs` "
+                "(`gpulab labs generate`); labs/ is never written by hand"]
+    generated = nbformat.read(generated_path, as_version=4)
+    problems: list[str] = []
+
+    # The check module: found by the lab's number, named by LAB.
+    module_name = lab_module_name(lab)
+    try:
+        module = importlib.import_module(module_name)
+        suite, spec = load_lab_checks(lab), load_lab_spec(lab)
+    except (ModuleNotFoundError, CheckLoadError) as exc:
+        return problems + [f"{lab}: needs a check module gpulab/grading/labs/lab_{lab[:2]}.py with at least one "
+                           f"@check(id, points=...) ({exc}); `gpulab check` and `gpulab grade` find a lab's "
+                           "checks by its number"]
+    if spec.lab != lab or getattr(module, "LAB", None) != lab:
+        problems.append(f"{module_name}: LAB = {getattr(module, 'LAB', None)!r}, expected LAB = {lab!r}; LAB ties "
+                        "the module to its notebook and names the lab in gradebooks and hidden-check files")
+    if suite.max_points <= 0:
+        problems.append(f"{module_name}: its checks are worth no points; give each @check(id, points=...) points")
+
+    # The parameters cell: the only contract between the grader and the notebook.
+    params = [c for c in generated.cells if "parameters" in (c.metadata.get("tags") or [])]
+    if len(params) != 1:
+        problems.append(f"{lab}: {len(params)} cells tagged 'parameters', expected exactly 1; papermill injects "
+                        "the grader's values (namespace, results_path, PARAMETERS) right after that one cell")
+    else:
+        assigned = set(re.findall(r"^(\w+) = ", params[0].source, re.M))
+        expected = {"namespace", "results_path", *spec.parameters}
+        if assigned != expected:
+            problems.append(f"{lab}: the parameters cell assigns {sorted(assigned)}, expected exactly "
+                            f"{sorted(expected)} (namespace, results_path and the check module's PARAMETERS); "
+                            "it holds only what the grader injects, so nothing in it looks like a knob the "
+                            "grader would honour")
+
+    # Answer regions: what makes the generated lab a task rather than a copy of the solution.
+    if not any(("BEGIN SOLUTION" in c.source or re.search(r"#\s*SOLUTION\s*$", c.source, re.M))
+               for c in solution.cells):
+        problems.append(f"solutions/{lab}.ipynb: no answer region (# BEGIN SOLUTION ... # END SOLUTION, a line "
+                        "ending in # SOLUTION, or <!-- BEGIN SOLUTION --> in markdown); without one the "
+                        "generated lab is the solution word for word")
+    if any("BEGIN SOLUTION" in c.source for c in generated.cells):
+        problems.append(f"labs/{lab}.ipynb still contains BEGIN SOLUTION: regenerate it with `make labs`")
+
+    # The cleanup cell: run by hand, skipped by the grader.
+    if "skip-execution" not in (generated.cells[-1].metadata.get("tags") or []):
+        problems.append(f"{lab}: the last cell must be the cleanup cell, tagged 'skip-execution'; a learner runs "
+                        "it by hand, the grader skips it because the checks read what the notebook leaves "
+                        "behind in the namespace")
+
+    # Values: every value a check reads is one the notebook records.
+    recorded = set(re.findall(r"""record\(\s*["'](\w+)["']""", "\n".join(c.source for c in solution.cells)))
+    used = set(re.findall(r"""ctx\.value\(\s*["'](\w+)["']""", Path(module.__file__).read_text(encoding="utf-8")))
+    if not used <= recorded:
+        problems.append(f"{module_name}: checks read values the notebook never records: {sorted(used - recorded)}; "
+                        "record each with record(\"name\", value) in the solution, or every submission "
+                        "scores 0 on that check")
+
+    # The example hidden checks: the "plus a few hidden checks" labs/README.md promises learners.
+    if not hidden.is_dir():
+        problems.append(f"{lab}: no hidden-check directory {hidden}")
+    else:
+        hidden_checks = load_hidden_checks(hidden, lab)
+        if not hidden_checks or not all(c.hidden for c in hidden_checks):
+            problems.append(f"{lab}: no example hidden check; add tests/fixtures/hidden/lab_{lab[:2]}_hidden.py "
+                            f"with LAB = {lab!r} and at least one @check: labs/README.md tells learners every "
+                            "lab is graded with hidden checks too, and the cluster tests grade each lab with "
+                            "this directory to prove they run and stay unnamed in feedback")
+        clash = sorted({c.id for c in hidden_checks} & {c.id for c in suite.checks})
+        if clash:
+            problems.append(f"{lab}: hidden check ids {clash} are also the lab's own check ids; feedback names "
+                            "checks by id, so a clash would show a hidden check's place under a visible name")
+    return problems
 
 
 def test_labs_are_generated_from_solutions():
     assert check_drift(REPO / "solutions", REPO / "labs") == []
 
 
-def test_lab_numbering_leaves_room_for_the_gpu_stack_labs():
-    assert LABS == ["01-gpu-pod-spec", "02-layered-verification", "03-taints-tolerations", "04-sharing",
-                    "05-training-job", "06-inference-sizing", "07-quota-priority", "08-troubleshooting"]
+def test_labs_are_named_and_numbered_once():
+    assert LABS, "no solutions/NN-<slug>.ipynb found"
+    problems = naming_problems(LABS)
+    assert not problems, "\n".join(problems)
 
 
 @pytest.mark.parametrize("lab", LABS)
-def test_each_lab_has_a_parameters_cell_checks_and_answer_regions(lab):
-    solution = nbformat.read(REPO / "solutions" / f"{lab}.ipynb", as_version=4)
-    generated = nbformat.read(REPO / "labs" / f"{lab}.ipynb", as_version=4)
-    params = [c for c in generated.cells if "parameters" in (c.metadata.get("tags") or [])]
-    assert len(params) == 1
-    assigned = set(re.findall(r"^(\w+) = ", params[0].source, re.M))
-    assert assigned == {"namespace", "results_path", *load_lab_spec(lab).parameters}  # PARAMETERS: the grader's
-    assert sum("BEGIN SOLUTION" in c.source for c in solution.cells) >= 3
-    assert not any("BEGIN SOLUTION" in c.source for c in generated.cells)
-    # The cleanup cell runs by hand only: the grader collects what the notebook leaves behind.
-    assert "skip-execution" in (generated.cells[-1].metadata.get("tags") or [])
-    suite = load_lab_checks(lab)
-    spec = load_lab_spec(lab)
-    assert spec.lab == lab and suite.max_points > 0
-    recorded = set(re.findall(r'record\("(\w+)"', "\n".join(c.source for c in solution.cells)))
-    module_source = Path(lab_01.__file__).with_name(f"lab_{lab[:2]}.py")
-    used = set(re.findall(r'ctx\.value\("(\w+)"', module_source.read_text(encoding="utf-8")))
-    assert used <= recorded, f"checks read values the notebook never records: {used - recorded}"
+def test_each_lab_follows_the_lab_rules(lab):
+    problems = lab_problems(lab)
+    assert not problems, "\n".join(problems)
 
 
 @pytest.mark.parametrize("lab", LABS)
 def test_hidden_examples_are_found_for_their_lab_only(lab):
-    hidden = load_hidden_checks(HIDDEN, lab)
-    assert len(hidden) == 1 and hidden[0].hidden
-    assert not set(c.id for c in hidden) & set(c.id for c in load_lab_checks(lab).checks)
+    own = set()
+    for path in sorted(HIDDEN.glob("*.py")):
+        suite = load_lab_checks(path)  # its LAB names the lab the file belongs to
+        if suite.lab == lab:
+            own |= {c.id for c in suite.checks}
+    found = load_hidden_checks(HIDDEN, lab)
+    assert own and {c.id for c in found} == own and all(c.hidden for c in found)
 
 
 # --------------------------------------------------------------------------- lab 01
@@ -178,39 +288,7 @@ def _fault02(layer, node="gpu-node-1"):
     return {"kind": "InjectedFault", "metadata": {"name": node}, "node": node, "layer": layer}
 
 
-def test_lab02_scenarios_are_fixed_per_namespace_and_cover_every_layer():
-    nodes = {"gpu-node-1": 2, "gpu-node-2": 8}
-    picked = {lab_02.scenario(f"grade-02-l{i}", nodes) for i in range(40)}
-    assert {layer for _, layer, _ in picked} == set(lab_02.LAYERS)
-    assert {node for node, _, _ in picked} == set(nodes)
-    assert all((gpu is None) == (layer != "gpu") and (gpu is None or 0 <= gpu < nodes[node])
-               for node, layer, gpu in picked)
-    assert lab_02.scenario("grade-02-amy", nodes) == lab_02.scenario("grade-02-amy", nodes)
-    assert {node for node, layer, _ in picked if layer == "container-toolkit"} == {"gpu-node-1"}
-
-
-class _Nodes:
-    """The one call ``_resources_whole`` makes of a client, answered from recorded Node statuses."""
-
-    def __init__(self, **statuses):
-        self.statuses = statuses
-
-    def get(self, kind, name):
-        cap, alloc = self.statuses[name]
-        return {"status": {"capacity": cap, "allocatable": alloc}}
-
-
-def test_lab02_repair_waits_for_the_advertised_resources_only():
-    whole = lab_02._resources_whole
-    # After MIG: the kubelet keeps the slices' capacity at allocatable 0 through its stop grace period.
-    lingering = ({"nvidia.com/gpu": "2", "nvidia.com/mig-3g.40gb": "4"},
-                 {"nvidia.com/gpu": "2", "nvidia.com/mig-3g.40gb": "0"})
-    assert whole(_Nodes(**{"gpu-node-1": lingering}), {"gpu-node-1": 2})
-    one_unhealthy = ({"nvidia.com/gpu": "2"}, {"nvidia.com/gpu": "1"})
-    assert not whole(_Nodes(**{"gpu-node-1": one_unhealthy}), {"gpu-node-1": 2})
-    plugin_gone = ({"nvidia.com/gpu": "2"}, {"nvidia.com/gpu": "0"})
-    assert not whole(_Nodes(**{"gpu-node-1": plugin_gone}), {"gpu-node-1": 2})
-    assert not whole(_Nodes(**{"gpu-node-1": ({}, {})}), {"gpu-node-1": 2})
+# The scenario lab 02's grader breaks, and its repair: tests/unit/test_grading_fixtures.py.
 
 
 def test_lab02_counts_come_from_allocatable_not_labels():

@@ -12,8 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from gpulab.fakegpu import cudaerrors, smistate
 from gpulab.fakegpu import nvidiasmi as smi
-from gpulab.fakegpu.config import advertised_resources, parse_config
+from gpulab.fakegpu.devicemap import advertised_resources
+from gpulab.fakegpu.pluginconfig import parse_config
 from gpulab.hardware.models import gpu_uuid
 
 REPO = Path(__file__).resolve().parents[2]
@@ -37,7 +39,7 @@ def captured_readings() -> dict:
 
 def reference_like_state(**gpu_overrides) -> dict:
     """An H200 state whose live readings are those of the captured GPU."""
-    state = smi.build_state("h200-141gb", 1, "ref-node", timestamp=1_700_000_000)
+    state = smistate.build_state("h200-141gb", 1, "ref-node", timestamp=1_700_000_000)
     gpu = state["gpus"][0]
     gpu.update(
         bus_id="00000000:00:06.0", uuid="GPU-00000000-0000-0000-0000-000000000000", serial="0000000000000",
@@ -51,7 +53,7 @@ def run(state: dict | None, *argv: str, visible: str | None = "all", tmp_path: P
     env = {}
     if state is not None:
         path = tmp_path / "smi.json"
-        smi.write_state(str(path), state)
+        smistate.write_state(str(path), state)
         env[smi.STATE_ENV] = str(path)
     if visible is not None:
         env[smi.VISIBLE_ENV] = visible
@@ -85,7 +87,7 @@ def test_column_positions_match_the_reference_for_every_model(tmp_path):
     ref_lines = (REF / "nvidia-smi.txt").read_text().splitlines()
     ref_bars = [bars(l) for l in ref_lines[1:12]]
     for model in ("h100-80gb", "a100-80gb", "a100-40gb", "l4"):
-        rc, out, _ = run(smi.build_state(model, 1, "n"), tmp_path=tmp_path)
+        rc, out, _ = run(smistate.build_state(model, 1, "n"), tmp_path=tmp_path)
         lines = out.splitlines()
         assert rc == 0
         assert [bars(l) for l in lines[1:12]] == ref_bars, model
@@ -123,7 +125,7 @@ def _check_frame(out: str) -> None:
      ("a100-40gb", 2, "all-enabled"), ("l4", 4, None), ("h200-141gb", 1, "all-7g.141gb")],
 )
 def test_every_frame_keeps_the_real_widths(tmp_path, model, count, layout):
-    state = smi.build_state(model, count, "n", mig_layout=layout)
+    state = smistate.build_state(model, count, "n", mig_layout=layout)
     rc, out, _ = run(state, tmp_path=tmp_path)
     assert rc == 0
     _check_frame(out)
@@ -132,7 +134,7 @@ def test_every_frame_keeps_the_real_widths(tmp_path, model, count, layout):
 
 
 def test_gpu_rows_carry_the_live_readings(tmp_path):
-    state = smi.build_state("h100-80gb", 1, "n")
+    state = smistate.build_state("h100-80gb", 1, "n")
     state["gpus"][0].update(memory_used_mib=40960, utilization_gpu=97, power_draw_w=651.4, temperature_gpu=71,
                             persistence_mode=False, pstate="P2", fan_speed=None)
     _, out, _ = run(state, tmp_path=tmp_path)
@@ -143,7 +145,7 @@ def test_gpu_rows_carry_the_live_readings(tmp_path):
 
 
 def test_mig_enabled_gpu_rows(tmp_path):
-    _, out, _ = run(smi.build_state("h200-141gb", 1, "n", mig_layout="all-1g.18gb"), tmp_path=tmp_path)
+    _, out, _ = run(smistate.build_state("h200-141gb", 1, "n", mig_layout="all-1g.18gb"), tmp_path=tmp_path)
     rows = out.splitlines()[8:11]
     assert rows[0].endswith("|                   On |")        # ECC column reads "On" under MIG
     assert "|                  N/A   |     N/A      Default |" in rows[1]
@@ -155,12 +157,12 @@ def test_mig_enabled_gpu_rows(tmp_path):
 
 
 def test_mig_enabled_without_instances(tmp_path):
-    _, out, _ = run(smi.build_state("a100-40gb", 1, "n", mig_layout="all-enabled"), tmp_path=tmp_path)
+    _, out, _ = run(smistate.build_state("a100-40gb", 1, "n", mig_layout="all-enabled"), tmp_path=tmp_path)
     assert "|  No MIG devices found" in out
 
 
 def test_process_rows_line_up_with_the_header(tmp_path):
-    state = smi.build_state("h100-80gb", 2, "n", mig_layout=None)
+    state = smistate.build_state("h100-80gb", 2, "n", mig_layout=None)
     state["gpus"][1]["processes"] = [
         {"pid": 31337, "type": "C", "name": "python3 train.py", "used_memory_mib": 10240},
         {"pid": 7, "type": "C+G", "name": "/opt/conda/envs/very/long/path/bin/python3.11", "used_memory_mib": 3},
@@ -181,7 +183,7 @@ def test_process_rows_line_up_with_the_header(tmp_path):
 
 
 def test_processes_in_mig_instances_show_gi_and_ci(tmp_path):
-    state = smi.build_state("h100-80gb", 1, "n", mig_layout="all-1g.10gb")
+    state = smistate.build_state("h100-80gb", 1, "n", mig_layout="all-1g.10gb")
     state["gpus"][0]["processes"] = [{"pid": 99, "type": "C", "name": "infer", "used_memory_mib": 512,
                                       "gi_id": 9, "ci_id": 0}]
     _, out, _ = run(state, tmp_path=tmp_path)
@@ -197,7 +199,7 @@ def test_processes_in_mig_instances_show_gi_and_ci(tmp_path):
 
 
 def test_list_gpus(tmp_path):
-    state = smi.build_state("h200-141gb", 2, "node-a", mig_layout="all-balanced")
+    state = smistate.build_state("h200-141gb", 2, "node-a", mig_layout="all-balanced")
     state["gpus"][1]["mig_mode"], state["gpus"][1]["mig_devices"] = "Disabled", []
     rc, out, _ = run(state, "-L", tmp_path=tmp_path)
     lines = out.splitlines()
@@ -224,7 +226,7 @@ def test_query_csv_is_the_reference(tmp_path):
 
 
 def test_query_csv_units_and_header_options(tmp_path):
-    state = smi.build_state("h100-80gb", 2, "n")
+    state = smistate.build_state("h100-80gb", 2, "n")
     rc, out, _ = run(state, "--query-gpu=name,memory.total,utilization.gpu,power.draw", "--format=csv",
                      tmp_path=tmp_path)
     assert out.splitlines() == [
@@ -241,11 +243,11 @@ def test_query_csv_units_and_header_options(tmp_path):
 
 
 def test_query_under_mig(tmp_path):
-    state = smi.build_state("a100-80gb", 1, "n", mig_layout="all-1g.10gb")
+    state = smistate.build_state("a100-80gb", 1, "n", mig_layout="all-1g.10gb")
     _, out, _ = run(state, "--query-gpu=mig.mode.current,memory.used,utilization.gpu", "--format=csv,noheader",
                     tmp_path=tmp_path)
     assert out == "Enabled, [N/A], [N/A]\n"
-    _, out, _ = run(smi.build_state("l4", 1, "n"), "--query-gpu=mig.mode.current", "--format=csv,noheader",
+    _, out, _ = run(smistate.build_state("l4", 1, "n"), "--query-gpu=mig.mode.current", "--format=csv,noheader",
                     tmp_path=tmp_path)
     assert out == "[N/A]\n"
 
@@ -266,7 +268,7 @@ def test_query_under_mig(tmp_path):
     ],
 )
 def test_bad_command_lines_exit_2(tmp_path, argv, words):
-    rc, out, _ = run(smi.build_state("l4", 1, "n"), *argv, tmp_path=tmp_path)
+    rc, out, _ = run(smistate.build_state("l4", 1, "n"), *argv, tmp_path=tmp_path)
     assert rc == smi.EXIT_INVALID_ARGUMENT
     assert words in out
 
@@ -304,7 +306,7 @@ def test_query_report_has_the_reference_structure(tmp_path):
 
 
 def test_query_report_sections_and_mig_devices(tmp_path):
-    state = smi.build_state("h100-80gb", 2, "n", mig_layout="all-3g.40gb")
+    state = smistate.build_state("h100-80gb", 2, "n", mig_layout="all-3g.40gb")
     rc, out, _ = run(state, "-q", "-d", "MEMORY,TEMPERATURE", tmp_path=tmp_path)
     assert rc == 0
     assert "FB Memory Usage" in out and "GPU Current Temp" in out
@@ -319,7 +321,7 @@ def test_query_report_sections_and_mig_devices(tmp_path):
 
 
 def test_fabric_manager_fault_shows_in_the_report(tmp_path):
-    state = smi.build_state("h100-80gb", 8, "n", fault=smi.FAULT_FABRIC_MANAGER_DOWN)
+    state = smistate.build_state("h100-80gb", 8, "n", fault=smi.FAULT_FABRIC_MANAGER_DOWN)
     rc, out, _ = run(state, "-q", "-i", "0", tmp_path=tmp_path)
     assert rc == 0  # nvidia-smi itself works; CUDA programs do not
     assert "        State                                          : In Progress" in out.splitlines()
@@ -337,14 +339,14 @@ def test_mig_lgip_is_the_reference(tmp_path):
 
 
 def test_mig_lgip_counts_free_instances(tmp_path):
-    state = smi.build_state("h100-80gb", 1, "n", mig_layout="all-3g.40gb")
+    state = smistate.build_state("h100-80gb", 1, "n", mig_layout="all-3g.40gb")
     state["gpus"][0]["mig_devices"] = state["gpus"][0]["mig_devices"][:1]  # one 3g.40gb left, at slice 0
     _, out, _ = run(state, "mig", "-lgip", tmp_path=tmp_path)
     free = dict(re.findall(r"MIG (\S+)\s+\d+\s+(\d+)/\d+", out))
     # Slices 4-7 are free, but a 1g can only start at 0..6: three more fit.
     assert free == {"1g.10gb": "3", "1g.10gb+me": "1", "1g.20gb": "2", "2g.20gb": "1", "3g.40gb": "1",
                     "4g.40gb": "0", "7g.80gb": "0"}
-    rc, out, _ = run(smi.build_state("l4", 1, "n"), "mig", "-lgip", tmp_path=tmp_path)
+    rc, out, _ = run(smistate.build_state("l4", 1, "n"), "mig", "-lgip", tmp_path=tmp_path)
     assert (rc, out) == (smi.EXIT_NOT_FOUND, "No MIG-supported devices found.\n")
 
 
@@ -352,17 +354,17 @@ def test_mig_lgip_counts_free_instances(tmp_path):
 
 
 def test_no_devices_in_the_container(tmp_path):
-    rc, out, _ = run(smi.build_state("h100-80gb", 2, "n"), visible="none", tmp_path=tmp_path)
+    rc, out, _ = run(smistate.build_state("h100-80gb", 2, "n"), visible="none", tmp_path=tmp_path)
     assert (rc, out) == (6, "No devices were found\n")
-    rc, out, _ = run(smi.build_state("h100-80gb", 2, "n"), "-L", visible="GPU-does-not-exist", tmp_path=tmp_path)
+    rc, out, _ = run(smistate.build_state("h100-80gb", 2, "n"), "-L", visible="GPU-does-not-exist", tmp_path=tmp_path)
     assert (rc, out) == (6, "No devices were found\n")
-    rc, out, _ = run(smi.build_state("h100-80gb", 0, "n"), tmp_path=tmp_path)
+    rc, out, _ = run(smistate.build_state("h100-80gb", 0, "n"), tmp_path=tmp_path)
     assert rc == 6
 
 
 @pytest.mark.parametrize("visible", [None, "", "void"])
 def test_no_nvidia_runtime_injection_means_no_driver(tmp_path, visible):
-    rc, out, _ = run(smi.build_state("h100-80gb", 2, "n"), visible=visible, tmp_path=tmp_path)
+    rc, out, _ = run(smistate.build_state("h100-80gb", 2, "n"), visible=visible, tmp_path=tmp_path)
     assert rc == smi.EXIT_DRIVER_NOT_LOADED == 9
     assert out == smi.MSG_NO_DRIVER + "\n"
     assert out.startswith("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.")
@@ -377,11 +379,11 @@ def test_missing_state_means_no_driver(tmp_path):
 
 
 def test_faults(tmp_path):
-    rc, out, _ = run(smi.build_state("h100-80gb", 1, "n", fault=smi.FAULT_DRIVER_UNREACHABLE), tmp_path=tmp_path)
+    rc, out, _ = run(smistate.build_state("h100-80gb", 1, "n", fault=smi.FAULT_DRIVER_UNREACHABLE), tmp_path=tmp_path)
     assert rc == 9
-    rc, out, _ = run(smi.build_state("h100-80gb", 1, "n", fault=smi.FAULT_NO_DEVICES), tmp_path=tmp_path)
+    rc, out, _ = run(smistate.build_state("h100-80gb", 1, "n", fault=smi.FAULT_NO_DEVICES), tmp_path=tmp_path)
     assert (rc, out) == (6, "No devices were found\n")
-    rc, _, _ = run(smi.build_state("h100-80gb", 1, "n", fault=smi.FAULT_DRIVER_UNREACHABLE), "--version",
+    rc, _, _ = run(smistate.build_state("h100-80gb", 1, "n", fault=smi.FAULT_DRIVER_UNREACHABLE), "--version",
                    tmp_path=tmp_path)
     assert rc == 9
 
@@ -400,7 +402,7 @@ def test_a_broken_state_file_is_reported_on_stderr(tmp_path):
 
 
 def test_visible_devices_select_and_renumber(tmp_path):
-    state = smi.build_state("h100-80gb", 4, "n", mig_layout=None)
+    state = smistate.build_state("h100-80gb", 4, "n", mig_layout=None)
     uuids = [g["uuid"] for g in state["gpus"]]
     _, out, _ = run(state, "-L", visible=f"{uuids[2]}::3,{uuids[3]}", tmp_path=tmp_path)
     assert out.splitlines() == [f"GPU 0: NVIDIA H100 80GB HBM3 (UUID: {uuids[2]})",
@@ -413,7 +415,7 @@ def test_visible_devices_select_and_renumber(tmp_path):
 
 
 def test_one_mig_device_per_container(tmp_path):
-    state = smi.build_state("h200-141gb", 1, "n", mig_layout="all-balanced")
+    state = smistate.build_state("h200-141gb", 1, "n", mig_layout="all-balanced")
     migs = state["gpus"][0]["mig_devices"]
     _, out, _ = run(state, "-L", visible=migs[1]["uuid"], tmp_path=tmp_path)
     assert out.splitlines()[1] == f"  MIG 2g.35gb     Device  0: (UUID: {migs[1]['uuid']})"
@@ -426,7 +428,7 @@ def test_one_mig_device_per_container(tmp_path):
 
 
 def test_id_filter(tmp_path):
-    state = smi.build_state("a100-80gb", 3, "n")
+    state = smistate.build_state("a100-80gb", 3, "n")
     _, out, _ = run(state, "-L", "-i", "2", tmp_path=tmp_path)
     assert out.startswith("GPU 2:")
     _, out, _ = run(state, "-L", "--id=00000000:2A:00.0", tmp_path=tmp_path)
@@ -436,17 +438,17 @@ def test_id_filter(tmp_path):
 
 
 def test_version_and_help(tmp_path):
-    rc, out, _ = run(smi.build_state("l4", 1, "n"), "--version", tmp_path=tmp_path)
+    rc, out, _ = run(smistate.build_state("l4", 1, "n"), "--version", tmp_path=tmp_path)
     assert rc == 0 and out.splitlines() == ["NVIDIA-SMI version  : 580.159.04", "NVML version        : 580.159",
                                             "DRIVER version      : 580.159.04", "CUDA Version        : 13.0"]
-    rc, out, _ = run(smi.build_state("l4", 1, "n"), "-h", tmp_path=tmp_path)
+    rc, out, _ = run(smistate.build_state("l4", 1, "n"), "-h", tmp_path=tmp_path)
     assert rc == 0 and "NVIDIA System Management Interface -- v580.159.04" in out and "--query-gpu" in out
 
 
 def test_loop_rereads_the_state(tmp_path, monkeypatch):
-    state = smi.build_state("l4", 1, "n")
+    state = smistate.build_state("l4", 1, "n")
     path = tmp_path / "smi.json"
-    smi.write_state(str(path), state)
+    smistate.write_state(str(path), state)
     frames = []
 
     def fake_sleep(_seconds):
@@ -454,7 +456,7 @@ def test_loop_rereads_the_state(tmp_path, monkeypatch):
         if len(frames) == 2:
             raise KeyboardInterrupt
         state["gpus"][0]["utilization_gpu"] = 55
-        smi.write_state(str(path), state)
+        smistate.write_state(str(path), state)
 
     monkeypatch.setattr(smi.time, "sleep", fake_sleep)
     out = io.StringIO()
@@ -467,27 +469,27 @@ def test_loop_rereads_the_state(tmp_path, monkeypatch):
 
 
 def test_cuda_error_strings_are_available():
-    assert smi.CUDA_ERRORS["cudaErrorInsufficientDriver"].message == (
+    assert cudaerrors.CUDA_ERRORS["cudaErrorInsufficientDriver"].message == (
         "CUDA driver version is insufficient for CUDA runtime version")
-    assert smi.CUDA_ERRORS["cudaErrorNoDevice"].message == "no CUDA-capable device is detected"
-    assert smi.CUDA_ERRORS["cudaErrorSystemNotReady"].message == "system not yet initialized"
-    assert {e.code for e in smi.CUDA_ERRORS.values()} == {35, 100, 802}
-    assert set(smi.FAULT_CUDA_ERRORS) == set(smi.FAULTS)
+    assert cudaerrors.CUDA_ERRORS["cudaErrorNoDevice"].message == "no CUDA-capable device is detected"
+    assert cudaerrors.CUDA_ERRORS["cudaErrorSystemNotReady"].message == "system not yet initialized"
+    assert {e.code for e in cudaerrors.CUDA_ERRORS.values()} == {35, 100, 802}
+    assert set(cudaerrors.FAULT_CUDA_ERRORS) == set(smi.FAULTS)
 
 
 def test_which_fault_triggers_which_cuda_error():
-    ok = smi.build_state("h100-80gb", 1, "n")
-    assert smi.cuda_error(ok, "all", "12.6") is None
-    assert smi.cuda_error(None, "all") is smi.CUDA_ERROR_INSUFFICIENT_DRIVER
-    assert smi.cuda_error(ok, None) is smi.CUDA_ERROR_INSUFFICIENT_DRIVER
-    assert smi.cuda_error(ok, "none") is smi.CUDA_ERROR_NO_DEVICE
-    assert smi.cuda_error(ok, "all", "13.1") is smi.CUDA_ERROR_INSUFFICIENT_DRIVER
-    old = smi.build_state("h100-80gb", 1, "n", driver_version="535.54.03", cuda_version="12.2")
-    assert smi.cuda_error(old, "all", "12.6") is smi.CUDA_ERROR_INSUFFICIENT_DRIVER
-    for fault, expected in smi.FAULT_CUDA_ERRORS.items():
-        assert smi.cuda_error(smi.build_state("h100-80gb", 1, "n", fault=fault), "all") is expected
-    empty = smi.build_state("h100-80gb", 1, "n", mig_layout="all-enabled")
-    assert smi.cuda_error(empty, "all") is smi.CUDA_ERROR_NO_DEVICE
+    ok = smistate.build_state("h100-80gb", 1, "n")
+    assert cudaerrors.cuda_error(ok, "all", "12.6") is None
+    assert cudaerrors.cuda_error(None, "all") is cudaerrors.CUDA_ERROR_INSUFFICIENT_DRIVER
+    assert cudaerrors.cuda_error(ok, None) is cudaerrors.CUDA_ERROR_INSUFFICIENT_DRIVER
+    assert cudaerrors.cuda_error(ok, "none") is cudaerrors.CUDA_ERROR_NO_DEVICE
+    assert cudaerrors.cuda_error(ok, "all", "13.1") is cudaerrors.CUDA_ERROR_INSUFFICIENT_DRIVER
+    old = smistate.build_state("h100-80gb", 1, "n", driver_version="535.54.03", cuda_version="12.2")
+    assert cudaerrors.cuda_error(old, "all", "12.6") is cudaerrors.CUDA_ERROR_INSUFFICIENT_DRIVER
+    for fault, expected in cudaerrors.FAULT_CUDA_ERRORS.items():
+        assert cudaerrors.cuda_error(smistate.build_state("h100-80gb", 1, "n", fault=fault), "all") is expected
+    empty = smistate.build_state("h100-80gb", 1, "n", mig_layout="all-enabled")
+    assert cudaerrors.cuda_error(empty, "all") is cudaerrors.CUDA_ERROR_NO_DEVICE
 
 
 # -- integration with the rest of fakegpu ---------------------------------------------------
@@ -496,19 +498,19 @@ def test_which_fault_triggers_which_cuda_error():
 def test_device_plugin_ids_resolve_in_nvidia_smi(tmp_path):
     cfg = parse_config("sharing:\n  timeSlicing:\n    resources: [{name: nvidia.com/gpu, replicas: 4}]")
     res = advertised_resources("h100-80gb", 2, "gpu-node-1", cfg)
-    state = smi.build_state("h100-80gb", 2, "gpu-node-1")
+    state = smistate.build_state("h100-80gb", 2, "gpu-node-1")
     replica = res.get("nvidia.com/gpu").ids[5]                  # a replica of GPU 1
     _, out, _ = run(state, "-L", visible=replica, tmp_path=tmp_path)
     assert out == f"GPU 0: NVIDIA H100 80GB HBM3 (UUID: {gpu_uuid('gpu-node-1', 1)})\n"
     mixed = advertised_resources("h100-80gb", 1, "gpu-node-1", mig_layout="all-1g.10gb", mig_strategy="mixed")
-    mstate = smi.build_state("h100-80gb", 1, "gpu-node-1", mig_layout="all-1g.10gb")
+    mstate = smistate.build_state("h100-80gb", 1, "gpu-node-1", mig_layout="all-1g.10gb")
     assert [d.id for d in mixed.get("nvidia.com/mig-1g.10gb").devices] == [
         m["uuid"] for m in mstate["gpus"][0]["mig_devices"]]
 
 
 def test_the_device_plugins_allocation_file_is_understood(tmp_path):
     res = advertised_resources("h100-80gb", 1, "n", mig_layout="all-balanced", mig_strategy="mixed")
-    state = smi.build_state("h100-80gb", 1, "n", mig_layout="all-balanced")
+    state = smistate.build_state("h100-80gb", 1, "n", mig_layout="all-balanced")
     inventory = res.to_inventory(state)
     dev = inventory["resources"][1]["devices"][0]   # the 2g.20gb
     document = {"allocationID": "x", "resource": inventory["resources"][1]["name"], "deviceIDs": [dev["id"]],
@@ -526,13 +528,13 @@ def test_the_device_plugins_allocation_file_is_understood(tmp_path):
 
 
 def test_write_state_is_atomic_and_round_trips(tmp_path):
-    state = smi.build_state("l4", 2, "n")
+    state = smistate.build_state("l4", 2, "n")
     path = tmp_path / "s.json"
-    smi.write_state(str(path), state)
+    smistate.write_state(str(path), state)
     assert smi.read_state(str(path)) == json.loads(json.dumps(state))
     assert [p.name for p in tmp_path.iterdir()] == ["s.json"]
     with pytest.raises(ValueError, match="unknown fault"):
-        smi.build_state("l4", 1, "n", fault="gremlins")
+        smistate.build_state("l4", 1, "n", fault="gremlins")
 
 
 # -- it runs as a command, on the standard library alone ------------------------------------
@@ -540,7 +542,7 @@ def test_write_state_is_atomic_and_round_trips(tmp_path):
 
 def _state_file(tmp_path: Path) -> str:
     path = tmp_path / "s.json"
-    smi.write_state(str(path), smi.build_state("h100-80gb", 1, "n"))
+    smistate.write_state(str(path), smistate.build_state("h100-80gb", 1, "n"))
     return str(path)
 
 

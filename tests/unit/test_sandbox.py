@@ -82,6 +82,16 @@ def test_the_process_sandbox_places_volumes_and_starts_in_a_private_directory(tm
 
 
 @pytest.mark.skipif(shutil.which("proot") is None, reason="proot is not installed (apt-get install proot)")
+def test_the_process_sandbox_refuses_the_calls_proot_does_not_translate(tmp_path, monkeypatch):
+    # openat2 would open the host's /ckpt/in.txt (there is none), not the volume's: ENOSYS makes programs fall back.
+    probe = ("import ctypes; libc = ctypes.CDLL(None, use_errno=True); "
+             "fd = libc.syscall(437, -100, b'/ckpt/in.txt', (ctypes.c_uint64 * 3)(), 24); "
+             "print(fd, ctypes.get_errno(), open('/ckpt/in.txt').read().strip())")
+    rc, out = _run(tmp_path, monkeypatch, "process", ["python3", "-I", "-c", probe])
+    assert (rc, out) == (0, "-1 38 from the volume")
+
+
+@pytest.mark.skipif(shutil.which("proot") is None, reason="proot is not installed (apt-get install proot)")
 def test_a_missing_command_fails_as_under_a_container_runtime(tmp_path, monkeypatch):
     rc, out = _run(tmp_path, monkeypatch, "process", ["no-such-program"])
     assert (rc, out) == (127, 'exec: "no-such-program": executable file not found in $PATH')

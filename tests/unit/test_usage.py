@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from gpulab.kube.names import ALLOCATED_DEVICES_ANNOTATION
 from gpulab import usage
 from gpulab.usage import plots, report, samples
 
@@ -33,7 +34,7 @@ def _mig(node: str, uuid: str, gi: str, profile: str, active: float, pod: tuple[
 
 def _pod(ns: str, name: str, devices: dict[str, list[str]], phase: str = "Running") -> dict:
     return {"metadata": {"namespace": ns, "name": name, "uid": f"uid-{name}",
-                         "annotations": {samples.DEVICES_ANNOTATION: json.dumps({"main": devices})}},
+                         "annotations": {ALLOCATED_DEVICES_ANNOTATION: json.dumps({"main": devices})}},
             "status": {"phase": phase}}
 
 
@@ -56,6 +57,28 @@ def test_snapshot_names_holders_of_exclusive_time_sliced_and_mig_devices():
     mig = by_key["n3/gpu0/mig7-1g.10gb"]
     assert mig.util == 50.0 and mig.weight == pytest.approx(1 / 7)
     assert by_key["n3/gpu0/mig8-3g.40gb"].weight == pytest.approx(3 / 7)
+
+
+def test_mig_weights_come_from_the_gpus_model():
+    # The same 1g profile size is 1/7 of an H100 and 1/4 of an A30: the weight is the model's, not a constant.
+    a30 = [(n, {**labels, "modelName": "NVIDIA A30"}, v)
+           for n, labels, v in _mig("n4", "GPU-e", "3", "1g.6gb", 0.2, ("t", "small"))
+           + _mig("n4", "GPU-e", "2", "2g.12gb", 0.0, None)]
+    snap = samples.snapshot(0.0, _mig("n3", "GPU-d", "7", "1g.10gb", 0.5, None) + a30, [])
+    weights = {d.key: d.weight for d in snap.devices}
+    assert weights == {"n3/gpu0/mig7-1g.10gb": pytest.approx(1 / 7), "n4/gpu0/mig2-2g.12gb": 0.5,
+                       "n4/gpu0/mig3-1g.6gb": 0.25}
+    assert samples.mig_weight("NVIDIA-A30", "1g.6gb+me") == 0.25
+
+
+def test_an_unknown_gpu_model_is_an_error_not_a_guessed_weight():
+    page = [(n, {**labels, "modelName": "NVIDIA Z9"}, v)
+            for n, labels, v in _mig("n3", "GPU-d", "7", "1g.10gb", 0.5, None)]
+    with pytest.raises(ValueError, match=r"MIG device 1g\.10gb \(GPU instance 7\) of GPU GPU-d on n3: "
+                                         r"unknown GPU model 'NVIDIA Z9'; allowed: h100-80gb"):
+        samples.snapshot(0.0, page, [])
+    with pytest.raises(ValueError, match="has no MIG profile '1g.6gb'"):
+        samples.mig_weight(H100, "1g.6gb")
 
 
 def test_store_round_trips_and_skips_a_torn_line(tmp_path):

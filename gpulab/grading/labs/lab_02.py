@@ -1,24 +1,10 @@
 """Checks for ``labs/02-layered-verification.ipynb`` (the chapter's exercise 1, both halves).
 
-Before each run the grader breaks ONE layer of one GPU node's GPU stack
-(``SETUP``, :func:`break_one_layer`) and puts it back afterwards, whatever the
-run did (``TEARDOWN``, :func:`repair`). Which layer depends on the run's
-namespace, so ``gpulab check`` and ``gpulab grade`` (``check-02-…`` and
-``grade-02-…``) usually break different ones, and the notebook must diagnose
-rather than know. The layers, bottom up, and the fault that breaks each:
-
-=====================  ========================  ==========================================
-layer                  fault (gpulab.fakegpu)    what the cluster shows
-=====================  ========================  ==========================================
-``gpu``                ``gpu-unhealthy``         Xid 79 in the device plugin's log;
-                                                 allocatable one card below capacity
-``driver``             ``driver-unreachable``    device plugin *and* GFD crash:
-                                                 ``Driver Not Loaded``; allocatable 0
-``container-toolkit``  ``no-devices``            node looks healthy; a test pod's
-                                                 nvidia-smi says ``No devices were found``
-``device-plugin``      ``device-plugin-down``    only the device plugin crash-loops
-                                                 (``error starting plugins``); allocatable 0
-=====================  ========================  ==========================================
+Before each run the grader breaks ONE layer of one GPU node's GPU stack and
+puts it back afterwards, whatever the run did: the fixture
+:mod:`gpulab.grading.fixtures.broken_layer` (``SETUP``/``TEARDOWN`` below), which
+also says which fault breaks which layer and how the layer is picked (per
+submission, with the grading secret). The notebook must diagnose rather than know.
 
 The notebook records ``gpu_nodes`` / ``gpu_node_count`` (from allocatable, as
 the cluster is while broken), ``broken_node``, ``broken_layer`` and
@@ -29,44 +15,27 @@ reaches the checks as an ``InjectedFault`` object, never the notebook.
 
 from __future__ import annotations
 
-import hashlib
-import time
-from collections.abc import Callable, Iterable, Mapping
-from typing import Any
-
-from gpulab import _poll
-from gpulab.grading import gpustack, journal
-from gpulab.kube.names import OPERATOR_NAMESPACE
+from gpulab.grading import fixtures
 from gpulab.grading.checks import (
     Context, allocatable_by_node, check, containers, dig, failed, partial, passed, quantity_int, ratio,
 )
+from gpulab.grading.fixtures import broken_layer as fixture
 
 LAB = "02-layered-verification"
 CLUSTER_WIDE = True
 # Layered verification reads the GPU Operator's pods and their logs: read-only, cluster-wide.
-CLUSTER_RULES = (
-    {"apiGroups": [""], "resources": ["pods", "pods/log", "events"], "verbs": ["get", "list", "watch"]},
-    {"apiGroups": ["apps"], "resources": ["daemonsets"], "verbs": ["get", "list", "watch"]},
-    {"apiGroups": ["nvidia.com"], "resources": ["clusterpolicies"], "verbs": ["get", "list", "watch"]},
-)
+CLUSTER_RULES = fixtures.DIAGNOSE_RULES
 GPUS_FREE = 2
 LOGS = True
 CELL_TIMEOUT = 60
 TIMEOUT = 150
 
-GPU = "nvidia.com/gpu"
-OPERATOR_NS = OPERATOR_NAMESPACE
-INJECTED = "InjectedFault"
-PLUGIN_APP, GFD_APP = "nvidia-device-plugin-daemonset", "gpu-feature-discovery"
+GPU = fixtures.GPU
+INJECTED = fixtures.INJECTED
 TEST_POD = "gpu-check"
 
-#: layer -> the fault that breaks it (gpulab.fakegpu.faults kinds), bottom up.
-LAYERS = {
-    "gpu": "gpu-unhealthy",
-    "driver": "driver-unreachable",
-    "container-toolkit": "no-devices",
-    "device-plugin": "device-plugin-down",
-}
+#: The layers a learner may name, bottom up (and the fault that breaks each: the fixture's).
+LAYERS = fixture.LAYERS
 LAYER_NAMES = {"gpu": "卡本身（硬件）", "driver": "宿主机驱动", "container-toolkit": "容器运行时 / container toolkit",
                "device-plugin": "device plugin"}
 
@@ -78,125 +47,6 @@ EVIDENCE = {
     "device-plugin": ("error starting plugins", "CrashLoopBackOff"),
 }
 SYMPTOMS = ("Insufficient nvidia.com/gpu", "allocatable", "Allocatable", '"nvidia.com/gpu": "0"', "nvidia.com/gpu: 0")
-
-
-# --------------------------------------------------------------------------- breaking and repairing the cluster
-
-
-def _sandbox_error(what: str) -> Exception:
-    from gpulab.grading.cluster import SandboxError
-
-    return SandboxError(what)
-
-
-def gpu_nodes_of(cluster_root) -> dict[str, int]:
-    """GPU node name -> card count, from the cluster's topology."""
-    nodes = gpustack.gpu_nodes(cluster_root)
-    if nodes is None:
-        raise _sandbox_error(f"lab {LAB} breaks simulated GPU nodes (gpulab fault), which only the embedded backend "
-                             f"has: grade it on a cluster from `gpulab up --backend embedded`")
-    return nodes
-
-
-def scenario(namespace: str, nodes: Mapping[str, int]) -> tuple[str, str, int | None]:
-    """(node, layer, GPU index) broken for the run in ``namespace``: fixed per namespace, spread over layers."""
-    if not nodes:
-        raise _sandbox_error(f"lab {LAB} needs a GPU node; this cluster's topology has none")
-    digest = int(hashlib.sha256(f"{LAB}/{namespace}".encode()).hexdigest(), 16)
-    names = sorted(nodes)
-    node = names[digest % len(names)]
-    layer = list(LAYERS)[(digest // len(names)) % len(LAYERS)]
-    if layer == "container-toolkit":
-        # Nothing on the Node objects tells this one apart: the notebook tests the first GPU node.
-        node = names[0]
-    gpu = (digest // 97) % nodes[node] if layer == "gpu" else None
-    return node, layer, gpu
-
-
-def _wait(fn, timeout: float, what: str | Callable[[], str]) -> Any:
-    """Poll ``fn`` until it is true; ``what`` (or what it returns, computed at the timeout) names it."""
-    return _poll.until(fn, timeout, lambda _: _sandbox_error(
-        f"timed out after {timeout:.0f}s waiting for {what() if callable(what) else what}"), 0.1)
-
-
-def _gpu_resources(client, node: str) -> tuple[int, int]:
-    status = (client.get("Node", node) or {}).get("status") or {}
-    return (quantity_int((status.get("capacity") or {}).get(GPU)) or 0,
-            quantity_int((status.get("allocatable") or {}).get(GPU)) or 0)
-
-
-def _operand(client, node: str, app: str) -> dict | None:
-    pods = [p for p in client.list("Pod", OPERATOR_NS, label_selector=f"app={app}",
-                                   field_selector=f"spec.nodeName={node}")
-            if not p["metadata"].get("deletionTimestamp")]
-    return pods[0] if pods else None
-
-
-_crashed = gpustack.crashed
-_resources_whole = gpustack.resources_whole
-
-
-def set_faults(client, cluster_root, node: str, wanted: Iterable[tuple[str, int | None]]) -> None:
-    """Set faults on ``node`` (after clearing every GPU node) and wait until the node agent applies them."""
-    from gpulab.fakegpu import faults
-
-    nodes = gpu_nodes_of(cluster_root)
-    faults.clear(cluster_root, sorted(nodes))
-    for kind, gpu in wanted:
-        faults.inject(cluster_root, nodes, node, kind, gpu)
-    if not faults.wait_applied(cluster_root, node, timeout=15):
-        raise _sandbox_error(f"the node agent did not apply the faults on {node}; is the cluster up?")
-
-
-def repair(env, timeout: float = 90) -> None:
-    """``TEARDOWN``: no faults on any GPU node, crashed operands replaced, the stack ready, every card allocatable.
-
-    Also clears faults left by an interrupted earlier run; a lab graded here
-    expects healthy GPUs (as ``NODE_TAINTS`` expects the topology's taints).
-    The same settle logic puts faults back for a killed grader's journal.
-    """
-    gpustack.repair_faults(env.client, env.cluster_root, gpu_nodes_of(env.cluster_root), timeout=timeout)
-
-
-@journal.declare("faults")
-def break_one_layer(env) -> list[dict[str, Any]]:
-    """``SETUP``: break the layer :func:`scenario` picks for this run; wait until the cluster shows it."""
-    repair(env)
-    nodes = gpu_nodes_of(env.cluster_root)
-    node, layer, gpu = scenario(env.namespace, nodes)
-    set_faults(env.client, env.cluster_root, node, [(LAYERS[layer], gpu)])
-    client, count = env.client, nodes[node]
-    if layer in ("driver", "device-plugin"):
-        _wait(lambda: _gpu_resources(client, node)[1] == 0, 30, f"{GPU} on {node} to drop to 0")
-        _wait(lambda: _crashed(_operand(client, node, PLUGIN_APP)), 30, f"the device plugin on {node} to crash")
-    if layer == "driver":
-        _wait(lambda: _crashed(_operand(client, node, GFD_APP)), 30, f"GFD on {node} to crash")
-    if layer == "gpu":
-        _wait(lambda: _gpu_resources(client, node)[1] == count - 1, 30, f"{GPU} on {node} to drop by one")
-    return [{"kind": INJECTED, "apiVersion": "gpulab.io/v1", "metadata": {"name": node},
-             "node": node, "layer": layer, "faults": [{"kind": LAYERS[layer], "gpu": gpu}]}]
-
-
-def _local_env():
-    from gpulab.kube import api
-    from gpulab.cluster.embedded import EmbeddedCluster
-    from gpulab.grading.cluster import LabEnv
-
-    cluster = EmbeddedCluster()
-    return LabEnv(api.Client(cluster.kubeconfig), cluster.root, f"practice-{time.time_ns()}", "practice")
-
-
-def practice_break() -> None:
-    """By hand (not graded): break a random layer of the local cluster, and don't say which."""
-    env = _local_env()
-    break_one_layer(env)
-    print("已经随机弄坏了 GPU 栈里的一层（不告诉你是哪一层）。做完后运行最后的清理单元格把它修好。")
-
-
-def practice_repair() -> None:
-    """By hand: undo :func:`practice_break` (every GPU fault cleared, the stack ready again)."""
-    repair(_local_env())
-    print("GPU 栈已恢复：没有故障，所有卡都在 allocatable 里。")
 
 
 # --------------------------------------------------------------------------- checks
@@ -339,5 +189,6 @@ def evidence(ctx: Context):
     return failed("evidence 里没有能说明哪一层出了问题的输出：直接从日志或 nvidia-smi 的输出里取原文。")
 
 
-SETUP = break_one_layer
-TEARDOWN = repair
+# The fixture that breaks one layer before the run and repairs the stack after it (see its module).
+SETUP = fixture.setup
+TEARDOWN = fixture.teardown

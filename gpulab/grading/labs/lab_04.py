@@ -25,16 +25,24 @@ from __future__ import annotations
 import json
 import re
 
-from gpulab.fakegpu.config import ConfigError, parse_config_map
+from gpulab.fakegpu.pluginconfig import ConfigError, parse_config_map
 from gpulab.hardware.models import get_model
 from gpulab.grading import gpustack
+from gpulab.kube.names import (
+    ALLOCATED_DEVICES_ANNOTATION,
+    CLUSTER_POLICY,
+    DEVICE_PLUGIN_CONFIG_LABEL,
+    MIG_CONFIG_LABEL,
+    MIG_CONFIG_STATE_LABEL,
+    OPERATOR_NAMESPACE,
+)
 from gpulab.grading.checks import Context, check, containers, dig, failed, partial, passed, quantity_int, ratio
 
 LAB = "04-sharing"
 NAMESPACES = ("dev", "infer")
 CLUSTER_WIDE = True
 CLUSTER_RULES = gpustack.CLUSTER_RULES
-NODE_LABELS = (gpustack.CONFIG_LABEL,)
+NODE_LABELS = (DEVICE_PLUGIN_CONFIG_LABEL,)
 GPUS_FREE = 2
 SETUP, TEARDOWN = gpustack.make_hooks(NAMESPACES)
 COLLECT = gpustack.collect
@@ -49,7 +57,6 @@ DEV_MEMORY_MIB = 12 * 1024
 INFER = "infer-small"
 INFER_REPLICAS = 6
 INFER_MEMORY_MIB = 8 * 1024
-DEVICES_ANNOTATION = "gpulab.io/allocated-devices"
 SCALED_UP = re.compile(r"Scaled up replica set \S+ from \d+ to (\d+)")
 
 
@@ -69,7 +76,7 @@ def physical_cards(ctx: Context) -> int:
     product = labels.get("nvidia.com/gpu.product", "")
     if "-MIG-" in product:
         try:
-            per_gpu = len(get_model(product.split("-MIG-")[0]).mig_layout(labels.get(gpustack.MIG_CONFIG, "")))
+            per_gpu = len(get_model(product.split("-MIG-")[0]).mig_layout(labels.get(MIG_CONFIG_LABEL, "")))
         except Exception:  # noqa: BLE001 - an unknown model or layout: keep GFD's count
             per_gpu = 1
         return count // max(per_gpu, 1)
@@ -77,7 +84,7 @@ def physical_cards(ctx: Context) -> int:
 
 
 def policy(ctx: Context) -> dict:
-    return ctx.object("ClusterPolicy", gpustack.POLICY) or {}
+    return ctx.object("ClusterPolicy", CLUSTER_POLICY) or {}
 
 
 def events(ctx: Context, ns: str, reason: str) -> list[dict]:
@@ -86,7 +93,7 @@ def events(ctx: Context, ns: str, reason: str) -> list[dict]:
 
 def pod_devices(pod: dict) -> dict[str, list[str]]:
     """resource -> device IDs the node side allocated to the pod (all containers)."""
-    raw = (pod["metadata"].get("annotations") or {}).get(DEVICES_ANNOTATION) or "{}"
+    raw = (pod["metadata"].get("annotations") or {}).get(ALLOCATED_DEVICES_ANNOTATION) or "{}"
     try:
         by_container = json.loads(raw)
     except ValueError:
@@ -111,14 +118,14 @@ def mig_offer(ctx: Context, resource: str) -> tuple[int, int | None]:
 
 def time_slicing_replicas(ctx: Context) -> tuple[int | None, str | None]:
     """Replicas per card the ConfigMap's config (the one the node selects) asks for, or why there are none."""
-    cm = ctx.object("ConfigMap", CONFIG_MAP, gpustack.OPERATOR_NS)
+    cm = ctx.object("ConfigMap", CONFIG_MAP, OPERATOR_NAMESPACE)
     if cm is None:
         return None, "missing"
     try:
         configs = parse_config_map(cm.get("data") or {})
     except ConfigError:
         return None, "invalid"
-    selected = node_labels(ctx).get(gpustack.CONFIG_LABEL) or dig(policy(ctx), "spec", "devicePlugin", "config",
+    selected = node_labels(ctx).get(DEVICE_PLUGIN_CONFIG_LABEL) or dig(policy(ctx), "spec", "devicePlugin", "config",
                                                                   "default")
     config = configs.get(selected) if selected in configs else (next(iter(configs.values())) if len(configs) == 1
                                                                  else None)
@@ -130,7 +137,7 @@ def time_slicing_replicas(ctx: Context) -> tuple[int | None, str | None]:
 
 @check("ts-config", points=3, title="time-slicing 配置：每张卡报成 4 份")
 def ts_config(ctx: Context):
-    cm = ctx.object("ConfigMap", CONFIG_MAP, gpustack.OPERATOR_NS)
+    cm = ctx.object("ConfigMap", CONFIG_MAP, OPERATOR_NAMESPACE)
     if cm is None:
         return failed(f"gpu-operator 命名空间里没有 ConfigMap {CONFIG_MAP}：device plugin 的共享配置放在哪个命名空间？")
     replicas, why = time_slicing_replicas(ctx)
@@ -155,13 +162,13 @@ def ts_applied(ctx: Context):
     else:
         problems.append("ClusterPolicy 的 devicePlugin.config.name 没有指向你的 ConfigMap：device plugin 不知道去读它"
                         "（章节里 --set devicePlugin.config.name=… 改的就是这里）")
-    cm = ctx.object("ConfigMap", CONFIG_MAP, gpustack.OPERATOR_NS) or {}
+    cm = ctx.object("ConfigMap", CONFIG_MAP, OPERATOR_NAMESPACE) or {}
     keys = set((cm.get("data") or {}))
-    label = node_labels(ctx).get(gpustack.CONFIG_LABEL)
+    label = node_labels(ctx).get(DEVICE_PLUGIN_CONFIG_LABEL)
     if label in keys or (not label and config.get("default") in keys):
         score += 1
     elif label:
-        problems.append(f"GPU 节点的 {gpustack.CONFIG_LABEL} 标签选的配置在 ConfigMap 里不存在")
+        problems.append(f"GPU 节点的 {DEVICE_PLUGIN_CONFIG_LABEL} 标签选的配置在 ConfigMap 里不存在")
     else:
         problems.append("没有给 GPU 节点选配置：节点标签和 ClusterPolicy 的 default 都没有指向 ConfigMap 里的某一份")
     return ratio(score, 2, problems)
@@ -248,8 +255,8 @@ def mig_layout(ctx: Context):
         score += 1
     else:
         problems.append("ClusterPolicy 的 mig.strategy 不是章节里用的那种：在这种策略下，MIG 实例以什么资源名上报？")
-    state = labels.get(gpustack.MIG_STATE)
-    if labels.get(gpustack.MIG_CONFIG, "all-disabled") == "all-disabled":
+    state = labels.get(MIG_CONFIG_STATE_LABEL)
+    if labels.get(MIG_CONFIG_LABEL, "all-disabled") == "all-disabled":
         problems.append("GPU 节点没有声明任何 MIG 切分（nvidia.com/mig.config）")
     elif state == "success":
         score += 1

@@ -20,13 +20,14 @@ custom-metrics pipeline scales it is not this lab's question.
 from __future__ import annotations
 
 from gpulab.grading import gpustack
+from gpulab.kube.names import DEVICE_PLUGIN_CONFIG_LABEL
 from gpulab.grading.checks import Context, check, containers, dig, failed, partial, passed, quantity_int, ratio
 from gpulab.grading.labs.lab_04 import gpu_node, mig_offer, node_labels, pod_devices
 
 LAB = "06-inference-sizing"
 CLUSTER_WIDE = True
 CLUSTER_RULES = gpustack.CLUSTER_RULES
-NODE_LABELS = (gpustack.CONFIG_LABEL,)
+NODE_LABELS = (DEVICE_PLUGIN_CONFIG_LABEL,)
 GPUS_FREE = 2
 SETUP, TEARDOWN = gpustack.make_hooks(())
 COLLECT = gpustack.collect

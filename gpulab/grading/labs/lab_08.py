@@ -1,10 +1,11 @@
 """Checks for ``labs/08-troubleshooting.ipynb``: three GPU symptoms, their causes, the fixes a user can make.
 
-Before each run the grader (``SETUP``, :func:`break_for_troubleshooting`)
-breaks every GPU node the way a bad day does: one card falls off the bus
-(``gpu-unhealthy``; which one depends on the run) and an admin has tainted the
-node ``nvidia.com/gpu=true:NoSchedule``. ``TEARDOWN`` (:func:`repair`) takes
-both back, whatever the run did. The notebook applies three teammates' Pods
+Before each run the grader breaks every GPU node the way a bad day does: one
+card falls off the bus (``gpu-unhealthy``; which one is fixed per submission by
+the grading secret) and an admin has tainted the node
+``nvidia.com/gpu=true:NoSchedule``; afterwards it takes both back, whatever the
+run did: the fixture :mod:`gpulab.grading.fixtures.gpu_trouble`
+(``SETUP``/``TEARDOWN`` below). The notebook applies three teammates' Pods
 (``manifests/labs/08-troubleshooting/``):
 
 - ``train`` (2 GPUs, tolerates the taint): Pending, ``Insufficient nvidia.com/gpu``
@@ -24,27 +25,24 @@ three Pod names). The faults reach the checks as an ``InjectedFault`` object.
 
 from __future__ import annotations
 
-import hashlib
 import re
-from typing import Any
 
-from gpulab.kube import api
-from gpulab.grading import journal
+from gpulab.grading import fixtures
 from gpulab.grading.checks import Context, check, containers, dig, failed, passed, pod_spec, quantity_int, ratio
-from gpulab.grading.labs import lab_02
+from gpulab.grading.fixtures import gpu_trouble as fixture
 
 LAB = "08-troubleshooting"
 CLUSTER_WIDE = True
 NODE_TAINTS = ("nvidia.com/gpu",)
-CLUSTER_RULES = lab_02.CLUSTER_RULES
+# Diagnosing reads the GPU Operator's pods and their logs: read-only, cluster-wide.
+CLUSTER_RULES = fixtures.DIAGNOSE_RULES
 GPUS_FREE = 2
 LOGS = True
 CELL_TIMEOUT = 60
 TIMEOUT = 150
 
-GPU = "nvidia.com/gpu"
-INJECTED = lab_02.INJECTED
-TAINT = {"key": GPU, "value": "true", "effect": "NoSchedule"}
+GPU = fixtures.GPU
+INJECTED = fixtures.INJECTED
 SYMPTOMS = ("train", "infer", "dev-notebook")
 CAUSES = ("gpu-unhealthy", "device-plugin-down", "gpus-in-use", "untolerated-taint", "selector-mismatch",
           "cuda-driver-too-old", "no-devices")
@@ -53,67 +51,9 @@ FIXABLE = {"train": False, "infer": True, "dev-notebook": True}
 CUDA_LABEL = "nvidia.com/cuda.runtime-version.full"  # the CUDA version the *driver* supports
 
 
-# --------------------------------------------------------------------------- breaking and repairing the cluster
-
-
-def _set_taint(client, node: str, present: bool) -> None:
-    # The taint list is replaced whole: the patch carries the resourceVersion it was
-    # computed from, so a taint added meanwhile (say, by the node lifecycle
-    # controller) makes it fail with a Conflict and it is computed again.
-    def once() -> None:
-        obj = client.get("Node", node)
-        taints = [t for t in dig(obj, "spec", "taints", default=[]) or [] if t.get("key") != GPU]
-        if present:
-            taints.append(dict(TAINT))
-        client.patch("Node", node, {"metadata": {"resourceVersion": obj["metadata"]["resourceVersion"]},
-                                    "spec": {"taints": taints or None}})
-
-    api.retry_on_conflict(once)
-
-
-@journal.declare("faults", "nodes")
-def break_for_troubleshooting(env) -> list[dict[str, Any]]:
-    """``SETUP``: on every GPU node one unhealthy card and the GPU taint; wait until allocatable shows it."""
-    lab_02.repair(env)
-    nodes = lab_02.gpu_nodes_of(env.cluster_root)
-    client, records = env.client, []
-    for node, count in sorted(nodes.items()):
-        gpu = int(hashlib.sha256(f"{LAB}/{env.namespace}/{node}".encode()).hexdigest(), 16) % count
-        lab_02.set_faults(client, env.cluster_root, node, [("gpu-unhealthy", gpu)])
-        _set_taint(client, node, True)
-        records.append({"kind": INJECTED, "apiVersion": "gpulab.io/v1", "metadata": {"name": node}, "node": node,
-                        "faults": [{"kind": "gpu-unhealthy", "gpu": gpu}],
-                        "taint": dict(TAINT)})
-    for node, count in nodes.items():
-        lab_02._wait(lambda n=node, c=count: lab_02._gpu_resources(client, n)[1] == c - 1, 30,
-                     f"{GPU} on {node} to drop by one")
-    return records
-
-
-def repair(env) -> None:
-    """``TEARDOWN``: no GPU taint, no faults, every card allocatable, the stack ready."""
-    client = env.client
-    nodes = lab_02.gpu_nodes_of(env.cluster_root)
-    try:
-        for node in nodes:
-            _set_taint(client, node, False)
-    finally:
-        lab_02.repair(env)
-
-
-def practice_break() -> None:
-    """By hand (not graded): break the local cluster as the grader does."""
-    break_for_troubleshooting(lab_02._local_env())
-    print("集群已经「出事」了：三位同学的 Pod 马上就会遇到各自的问题。做完后运行最后的清理单元格把集群修好。")
-
-
-def practice_repair() -> None:
-    repair(lab_02._local_env())
-    print("集群已恢复：没有故障、没有 GPU 污点，所有卡都在 allocatable 里。")
-
-
-SETUP = break_for_troubleshooting
-TEARDOWN = repair
+# The fixture that breaks the GPU nodes before the run and repairs them after it (see its module).
+SETUP = fixture.setup
+TEARDOWN = fixture.teardown
 
 
 # --------------------------------------------------------------------------- checks

@@ -1,0 +1,20 @@
+"""Checks: a lesson's claims about the cluster, verified as the notebook runs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["expect"]
+
+
+def expect(ok: Any, what: str, hint: str = "") -> None:
+    """A lesson's self-check: print ``✅ what`` when ``ok`` is truthy, else fail the cell with ``❌ what``.
+
+    The lesson's claims about the cluster are written this way, so running the
+    notebook (by a learner, or by the test suite) also checks that the cluster
+    still behaves as the text says.
+    """
+    if ok:
+        print(f"✅ {what}", flush=True)
+        return
+    raise AssertionError(f"❌ {what}" + (f"：{hint}" if hint else ""))
