@@ -20,7 +20,6 @@ their own Prometheus (``gpulab metrics --targets`` gives its scrape config).
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 import urllib.error
@@ -32,6 +31,7 @@ from typing import TYPE_CHECKING, Callable
 import yaml
 
 from ..kube import api, pki
+from ..kube.statedir import StateDir
 from ..runtime import programs
 from ..usage import samples as usage
 from . import custommetrics, dcgm
@@ -160,10 +160,11 @@ def _adapter_program(stack: "GpuStack", stop: threading.Event, ctx: programs.Pro
 
     cluster_dir = stack.cluster_dir
     args = _args(ctx)
+    state = StateDir(cluster_dir)
     try:
-        port = int(json.loads((cluster_dir / "state.json").read_text())["ports"][PORT_KEY])
-    except (OSError, ValueError, KeyError):
-        ctx.log("stderr", f"error: no {PORT_KEY} port in {cluster_dir / 'state.json'}; run `gpulab up` again")
+        port = int(state.state()["ports"][PORT_KEY])
+    except (ValueError, KeyError, TypeError):
+        ctx.log("stderr", f"error: no {PORT_KEY} port in {state.state_file}; run `gpulab up` again")
         return 1
     client = stack.client
     scraper = CachedScraper(client, ttl=_duration(args.get("metrics-max-age", ""), 1.0))

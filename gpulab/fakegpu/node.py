@@ -129,8 +129,9 @@ def cuda_runtime_of(image: str) -> str | None:
     return f"{m.group(1)}.{m.group(2)}" if m else None
 
 
-class _StatusWriter(threading.Thread):
-    """Writes device counts into the Node's status, latest value wins, retrying on errors."""
+class NodeStatusWriter(threading.Thread):
+    """The kubelet's part: writes its device manager's counts into the Node's status, latest value wins,
+    retrying on errors."""
 
     def __init__(self, client: api.Client, node: str):
         super().__init__(daemon=True, name=f"gpu-status-{node}")
@@ -192,7 +193,7 @@ class GpuNode:
         # GPU containers that declared no CUDA program: traffic (a workload's load) makes them one.
         self._idle: dict[tuple[str, str], str] = {}       # owner -> process name
         self._pending: dict[tuple[str, str], ledgermod.Kill] = {}
-        self._status = _StatusWriter(stack.client, spec.name)
+        self._status = NodeStatusWriter(stack.client, spec.name)
         self.manager = DeviceManager(self.plugin_dir, on_change=self._status.submit)
 
     # -- lifecycle ------------------------------------------------------------

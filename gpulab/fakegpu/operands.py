@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from ..kube import api
+from ..kube.names import OPERATOR_COMPONENT
 from ..runtime import programs
 from . import cudaerrors, nvidiasmi
 from .components import COMPONENTS
@@ -184,7 +185,7 @@ class EmbeddedHost(ApiHost):
     def node_object(self) -> dict[str, Any] | None:
         return self.stack.node_object(self.node)
 
-    def event(self, reason: str, message: str, type_: str = "Normal", component: str = "gpu-operator") -> None:
+    def event(self, reason: str, message: str, type_: str = "Normal", component: str = OPERATOR_COMPONENT) -> None:
         self.stack.node_event(self.node, reason, message, type_, component=component)
 
     def config_source(self) -> tuple[str | None, str | None]:

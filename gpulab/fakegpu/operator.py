@@ -39,7 +39,7 @@ from ..kube import api
 from ..runtime import programs
 from . import gfd, mig
 from .pluginconfig import CONFIG_LABEL
-from ..kube.names import CLUSTER_POLICY, OPERATOR_NAMESPACE
+from ..kube.names import CLUSTER_POLICY, OPERATOR_COMPONENT, OPERATOR_NAMESPACE
 
 if TYPE_CHECKING:
     from .stack import GpuStack
@@ -48,7 +48,7 @@ NAMESPACE = OPERATOR_NAMESPACE
 POLICY_NAME = CLUSTER_POLICY
 OPERATOR_IMAGE = "nvcr.io/nvidia/gpu-operator"
 HASH_ANNOTATION = "nvidia.com/last-applied-hash"
-MANAGER = "gpu-operator"
+MANAGER = OPERATOR_COMPONENT
 STATE_READY = "ready"
 STATE_NOT_READY = "notReady"
 STATE_IGNORED = "ignored"
@@ -283,7 +283,7 @@ def daemonset(policy: dict[str, Any], op: Operand, namespace: str = NAMESPACE) -
     return {
         "apiVersion": "apps/v1", "kind": "DaemonSet",
         "metadata": {"name": op.name, "namespace": namespace,
-                     "labels": {"app": op.name, "app.kubernetes.io/managed-by": "gpu-operator"},
+                     "labels": {"app": op.name, "app.kubernetes.io/managed-by": OPERATOR_COMPONENT},
                      "annotations": {HASH_ANNOTATION: digest},
                      "ownerReferences": [owner_reference(policy)]},
         "spec": body,
@@ -389,7 +389,7 @@ class Operator:
             why = non_mig_node_request({**labels, **patch}, gpu.model)
             if why:
                 patch[mig.MIG_CONFIG_STATE_LABEL] = mig.STATE_FAILED
-                self.stack.node_event(name, "MigConfigFailed", why, "Warning", component="gpu-operator")
+                self.stack.node_event(name, "MigConfigFailed", why, "Warning", component=OPERATOR_COMPONENT)
             if patch:
                 self.client.patch("Node", name, {"metadata": {"labels": patch}})
                 self._say(f"labels/{name}", f"labelled node {name}: {', '.join(sorted(patch))}")

@@ -25,7 +25,6 @@ Pod annotations it reads and writes:
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import threading
@@ -34,7 +33,8 @@ from typing import Any, Callable
 
 from ..kube import api
 from ..kube import events
-from ..kube.topology import load as load_topology
+from ..kube.names import OPERATOR_COMPONENT
+from ..kube.statedir import StateDir
 from ..runtime.devices import ContainerKill, DeviceGrant
 from .load import LoadModel
 from .node import GpuNode
@@ -145,11 +145,7 @@ class GpuStack:
         monitoring.register(self)
 
     def _topology(self):
-        try:
-            state = json.loads((self.cluster_dir / "state.json").read_text())
-        except (OSError, ValueError):
-            state = {}
-        return load_topology(state.get("topology"))
+        return StateDir(self.cluster_dir).topology()
 
     # -- lifecycle --------------------------------------------------------------
 
@@ -238,7 +234,7 @@ class GpuStack:
             s.event.set()
 
     def node_event(self, node: str, reason: str, message: str, type_: str = "Normal",
-                   component: str = "gpu-operator") -> None:
+                   component: str = OPERATOR_COMPONENT) -> None:
         """An Event on a Node; the same one again counts on the existing Event (see :mod:`gpulab.kube.events`)."""
         obj = self.node_object(node) or {"metadata": {"name": node, "uid": ""}}
         events.record(self.client, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": node,

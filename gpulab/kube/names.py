@@ -34,3 +34,7 @@ MIG_CONFIG_STATE_LABEL = "nvidia.com/mig.config.state"
 
 # The node agent's record, on a pod, of the devices it was allocated.
 ALLOCATED_DEVICES_ANNOTATION = "gpulab.io/allocated-devices"
+
+# The GPU Operator as a component: the source of its Events, its field manager, the
+# app.kubernetes.io/managed-by of what it creates.
+OPERATOR_COMPONENT = "gpu-operator"

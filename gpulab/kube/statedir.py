@@ -17,7 +17,12 @@ from .topology import load as load_topology
 
 
 class StateDir:
+    """One cluster's state directory; the backends' cluster classes are StateDirs with bring-up on top."""
+
     root: Path
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)
 
     @property
     def state_file(self) -> Path:

@@ -34,7 +34,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import uuid
 from pathlib import Path
 from typing import Iterator
@@ -56,6 +55,7 @@ from helpers import wait_for
 from gpulab.cluster import kind
 from gpulab.fakegpu import daemon, faults, gfd, mig
 from gpulab.fakegpu.deviceplugin.kubelet import DeviceManager
+from gpulab.fakegpu.node import NodeStatusWriter
 from gpulab.kube import api
 from gpulab.kube import topology as topo_mod
 
@@ -69,36 +69,6 @@ EventKey = tuple[str, str, str]  # (reason, type, message)
 
 # --------------------------------------------------------------------------
 # The kind host: its Node, its kubelet's device side, its processes
-
-
-class KubeletStatus(threading.Thread):
-    """The kubelet's part on kind: its device manager's counts into the Node's status (latest wins)."""
-
-    def __init__(self, kubeconfig: Path, node: str):
-        super().__init__(daemon=True, name=f"contract-status-{node}")
-        self.client = api.Client(kubeconfig)
-        self.node = node
-        self.latest: dict[str, tuple[int, int]] | None = None
-        self.wake = threading.Event()
-        self.halt = threading.Event()
-
-    def __call__(self, counts: dict[str, tuple[int, int]]) -> None:
-        self.latest = dict(counts)
-        self.wake.set()
-
-    def run(self) -> None:
-        while not self.halt.is_set():
-            if not self.wake.wait(0.5):
-                continue
-            self.wake.clear()
-            counts = self.latest or {}
-            patch = {"status": {"capacity": {r: str(c) for r, (c, _) in counts.items()},
-                                "allocatable": {r: str(a) for r, (_, a) in counts.items()}}}
-            try:
-                self.client.patch("Node", self.node, patch, subresource="status")
-            except (api.ApiError, api.NotFound, api.Conflict, OSError):
-                self.halt.wait(0.5)
-                self.wake.set()
 
 
 @dataclasses.dataclass
@@ -137,10 +107,15 @@ class Hosts:
         return {r: v for r, v in out.items() if v != ("0", "0")}
 
     def events(self, node: str) -> dict[str, tuple[EventKey, int]]:
-        """The node's Events by object name: ((reason, type, message), count)."""
+        """The node's Events by object name: ((reason, type, message), count).
+
+        Only the NVIDIA components' (and the kubelet's): the node lifecycle controller's own
+        (RegisteredNode, for a node it has just seen) come whenever it gets to them.
+        """
         return {e["metadata"]["name"]: ((e.get("reason", ""), e.get("type", ""), e.get("message", "")),
                                          int(e.get("count") or 1))
-                for e in self.kube.list("Event", "default", field_selector=f"involvedObject.name={node}")}
+                for e in self.kube.list("Event", "default", field_selector=f"involvedObject.name={node}")
+                if (e.get("source") or {}).get("component") != "node-controller"}
 
     def snapshot(self) -> dict[str, dict[str, tuple[EventKey, int]]]:
         return {node: self.events(node) for node in self.nodes}
@@ -181,8 +156,8 @@ def hosts(kube, cluster) -> Iterator[Hosts]:
     plugin_dir.mkdir()
     strategy = ((policy(kube)["spec"].get("mig") or {}).get("strategy")) or "single"
     procs: dict[str, subprocess.Popen] = {}
-    status = KubeletStatus(cluster.kubeconfig, name)
-    manager = DeviceManager(plugin_dir, on_change=status)
+    status = NodeStatusWriter(api.Client(cluster.kubeconfig), name)  # the kubelet's part on kind
+    manager = DeviceManager(plugin_dir, on_change=status.submit)
     created = False
     logs = []
     try:

@@ -27,7 +27,7 @@ from typing import Any, Callable, Mapping, Protocol
 
 from ...hardware.models import GpuModel, MigLayout
 from ...kube import api, events
-from ...kube.names import OPERATOR_NAMESPACE
+from ...kube.names import OPERATOR_COMPONENT, OPERATOR_NAMESPACE
 from ..devicemap import NodeResources
 from ..deviceplugin.plugin import PluginConfig
 from ..faults import NodeFaults
@@ -176,7 +176,7 @@ class Host(Protocol):
     def patch_node_labels(self, labels: Mapping[str, str | None]) -> None:
         """Merge-patch this node's labels (None removes one)."""
 
-    def event(self, reason: str, message: str, type_: str = "Normal", component: str = "gpu-operator") -> None:
+    def event(self, reason: str, message: str, type_: str = "Normal", component: str = OPERATOR_COMPONENT) -> None:
         """An Event on this node (counted when repeated, see :func:`gpulab.kube.events.record`)."""
 
     def pods_holding_gpus(self) -> list[str]:
@@ -231,7 +231,7 @@ def node_labels(host: Host) -> dict[str, str]:
 
 
 def record_node_event(client: api.Client, node: str, uid: str | None, reason: str, message: str,
-                      type_: str = "Normal", component: str = "gpu-operator") -> None:
+                      type_: str = "Normal", component: str = OPERATOR_COMPONENT) -> None:
     """An Event on a Node, from ``component`` on that node (the same one again counts on the existing Event)."""
     involved = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": node, "uid": uid or node}}
     events.record(client, involved, reason, message, type_, component=component, host=node)
@@ -290,7 +290,7 @@ class ApiHost:
         if labels:
             self.client.patch("Node", self.node, {"metadata": {"labels": dict(labels)}})
 
-    def event(self, reason: str, message: str, type_: str = "Normal", component: str = "gpu-operator") -> None:
+    def event(self, reason: str, message: str, type_: str = "Normal", component: str = OPERATOR_COMPONENT) -> None:
         try:
             uid = ((self.node_object() or {}).get("metadata") or {}).get("uid")
         except (api.ApiError, api.NotFound, api.Conflict, OSError):
