@@ -28,6 +28,7 @@ from importlib import metadata
 from pathlib import Path
 
 from packaging.requirements import Requirement
+from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 
 REPO = Path(__file__).resolve().parents[1]
@@ -113,6 +114,35 @@ def check_same_versions(pins: dict[str, str]) -> list[str]:
     return out
 
 
+def oldest_python() -> str:
+    """The oldest Python pyproject.toml's requires-python admits (``>=3.11`` -> ``3.11.0``)."""
+    spec = tomllib.loads(PYPROJECT.read_text())["project"]["requires-python"]
+    m = re.search(r">=\s*(\d+)\.(\d+)(?:\.(\d+))?", spec)
+    if not m:
+        raise LockError(f"pyproject.toml's requires-python {spec!r} has no lower bound (>=X.Y)")
+    return f"{m[1]}.{m[2]}.{m[3] or 0}"
+
+
+def check_supported_python(pins: dict[str, str]) -> list[str]:
+    """Complaints about pinned versions that the oldest supported Python cannot install.
+
+    A lock written on a newer patch release (3.11.7) can pin a release that requires it
+    (soupsieve 4.1 needs >= 3.11.5); Debian's python3.11 is 3.11.2, so such a pin makes
+    every install there impossible. Read from the installed distributions' metadata.
+    """
+    oldest = oldest_python()
+    out = []
+    for name, version in sorted(pins.items()):
+        try:
+            needs = metadata.metadata(name).get("Requires-Python")
+        except metadata.PackageNotFoundError:
+            continue
+        if needs and not SpecifierSet(needs).contains(oldest, prereleases=True):
+            out.append(f"{name}=={version} requires Python {needs}, but gpulab supports {oldest}: "
+                       f"install a release of {name} that supports it, then lock again")
+    return out
+
+
 def render(pins: dict[str, str], python: str | None = None, system: str | None = None) -> str:
     """The constraints file: its header, then one ``name==version`` a line (canonical names, sorted)."""
     python = python or f"{sys.version_info.major}.{sys.version_info.minor}"
@@ -147,7 +177,7 @@ def locked_python(text: str) -> tuple[str, str] | None:
 def current() -> str:
     """constraints.txt as this environment would write it."""
     pins = closure(declared())
-    complaints = check_same_versions(pins)
+    complaints = check_same_versions(pins) + check_supported_python(pins)
     if complaints:
         raise LockError("; ".join(complaints) + " (install them at one version, then lock again)")
     return render(pins)

@@ -5,26 +5,36 @@ instructor's ``grade`` will: the lab's :class:`~gpulab.grading.cluster.LabSpec`,
 a :class:`~gpulab.grading.cluster.ClusterSandbox` (fresh namespaces and a
 namespace-scoped identity per run), a :class:`~gpulab.grading.cluster.ClusterCollector`,
 and a :class:`~gpulab.grading.runner.Runner` in a :class:`~gpulab.grading.jail.Jail`.
+
+A lab notebook's own ``check()`` (:mod:`gpulab.grading.labkit`) grades through
+the same step as ``gpulab check``, :func:`grade_visible`, with the values its
+kernel recorded so far and its namespaces as they are now (:func:`check_kernel`).
 """
 
 from __future__ import annotations
 
 import getpass
 import re
-from collections.abc import Callable, Iterable
+import tempfile
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from gpulab import paths
+from gpulab._fsutil import atomic_write_json
+from gpulab.kube import api
 
 from .checks import CheckLoadError, CheckSuite, load_hidden_checks, load_lab_checks
 from .cluster import ClusterCollector, ClusterSandbox, LabSpec, SandboxError, delete_leftovers, load_lab_spec
 from .gradebook import (
     BatchResult,
+    Collector,
     GradebookError,
     GradeRow,
+    NotebookRunner,
     ProgressEvent,
+    Sandbox,
     Submission,
     TqdmProgress,
     check_out_dir,
@@ -36,7 +46,7 @@ from .gradebook import (
     select_submissions,
 )
 from .jail import Jail
-from .runner import Runner
+from .runner import Execution, Runner
 from .secret import SecretError, ensure as ensure_secret, path as secret_path
 
 
@@ -166,7 +176,27 @@ class CheckReport:
     row: GradeRow
     feedback: str
     spec: LabSpec
-    out_dir: Path
+    out_dir: Path | None  # None: nothing was kept (a notebook's own check(), see check_kernel)
+
+
+def grade_visible(spec: LabSpec, suite: CheckSuite, sub: Submission, runner: NotebookRunner, collector: Collector,
+                  out: Path, *, sandbox: Sandbox | None = None,
+                  names: Callable[[str, str], str] | None = None) -> GradeRow:
+    """Grade one run of a lab notebook with ``suite``: the grading step ``gpulab check`` and a lab notebook's
+    own ``check()`` share.
+
+    ``gpulab check`` (:func:`check_notebook`) passes the papermill
+    :class:`Runner` (in its jail) and a fresh sandbox; ``check()`` (:func:`check_kernel`) a
+    :class:`KernelRun` (the kernel's values so far, nothing executed) and no
+    sandbox. Either way the run's recorded values and what its namespaces hold
+    are read, turned into a :class:`~gpulab.grading.checks.Context` and graded
+    by :func:`~gpulab.grading.gradebook.grade_submission`, as ``gpulab grade`` does.
+    """
+    try:
+        return grade_submission(sub, spec.lab, suite, runner, out, collector, sandbox,
+                                parameters=dict(spec.parameters), namespace_for=names or namespace_for(spec, "check"))
+    except SandboxError as exc:
+        raise GradingError(str(exc)) from exc
 
 
 def check_notebook(notebook: str | Path, *, lab: str | None = None, out_dir: str | Path | None = None,
@@ -181,14 +211,66 @@ def check_notebook(notebook: str | Path, *, lab: str | None = None, out_dir: str
     out = Path(out_dir) if out_dir else paths.home() / "checks" / spec.lab
     ready = setup(lab, cluster=cluster, jail=jail, masks=(out,))
     try:
-        sub = Submission(learner, notebook)
-        row = grade_submission(sub, spec.lab, ready.suite, ready.runner, out, ready.collector, ready.sandbox,
-                               parameters=dict(spec.parameters), namespace_for=namespace_for(spec, "check"))
-    except SandboxError as exc:
-        raise GradingError(str(exc)) from exc
+        row = grade_visible(spec, ready.suite, Submission(learner, notebook), ready.runner, ready.collector, out,
+                            sandbox=ready.sandbox)
     finally:
         ready.close()
     text = feedback_markdown(spec.lab, row, ready.suite.max_points)
     (out / "feedback").mkdir(parents=True, exist_ok=True)
     (out / "feedback" / f"{learner}.md").write_text(text, encoding="utf-8")
     return CheckReport(row, text, spec, out)
+
+
+@dataclass
+class KernelRun:
+    """The "run" of a notebook that checks itself from its own kernel (a :class:`NotebookRunner`).
+
+    Nothing is executed (running the notebook again from inside it would
+    recurse): the kernel's run so far is the run, one that has not failed
+    (``ok``), and the values it recorded so far are handed over as that run's
+    results file, which :func:`grade_visible` reads like a graded run's.
+    """
+
+    values: Mapping[str, Any]
+
+    def run(self, notebook: Path, work_dir: Path, parameters: Mapping[str, Any] | None = None,
+            cwd: Path | None = None, env: Mapping[str, str] | None = None, name: str | None = None) -> Execution:
+        work_dir = Path(work_dir)
+        work_dir.mkdir(parents=True, exist_ok=True)
+        results = work_dir / f"{name or Path(notebook).stem}.results.json"
+        atomic_write_json(results, dict(self.values))
+        return Execution(Path(notebook), ok=True, executed=True, results_path=results,
+                         message="checked from the notebook's own kernel", parameters=dict(parameters or {}))
+
+
+def check_kernel(lab: str, namespace: str, values: Mapping[str, Any], *, notebook: str | Path | None = None,
+                 cluster: Any = None, client: Any = None) -> CheckReport:
+    """Grade a lab notebook from its own kernel (labkit's ``check()``): visible checks only.
+
+    The values the notebook recorded so far (``values``) and what ``namespace``
+    (and the lab's extra namespaces) hold now on ``cluster`` (default: the
+    local one; ``client``: an API client to read with instead) are graded the
+    way ``gpulab check`` grades a run (:func:`grade_visible`). Hidden checks are
+    never loaded (nor run, should the lab's module declare some), and a lab's
+    ``SETUP`` is not run, so what it would hand the checks (an ``InjectedFault``)
+    is not there. Nothing is created or changed on the cluster; nothing is kept
+    on disk.
+    """
+    spec = _spec(lab)
+    try:
+        suite = load_lab_checks(lab)
+    except CheckLoadError as exc:
+        raise GradingError(str(exc)) from exc
+    suite = CheckSuite(suite.lab, tuple(c for c in suite.checks if not c.hidden))
+    owned = None
+    if client is None:
+        client = owned = api.Client(_cluster(cluster).kubeconfig)
+    try:
+        with tempfile.TemporaryDirectory(prefix="gpulab-self-check-") as tmp:
+            row = grade_visible(spec, suite, Submission("notebook", Path(notebook or f"{spec.lab}.ipynb")),
+                                KernelRun(values), ClusterCollector(client, spec), Path(tmp),
+                                names=lambda _lab, _learner: namespace)
+    finally:
+        if owned is not None:
+            owned.close()
+    return CheckReport(row, feedback_markdown(spec.lab, row, suite.max_points), spec, None)

@@ -25,15 +25,19 @@ Helpers: :func:`kubectl` (prints ``$ kubectl …`` and the output, raises
 :class:`KubectlFailed` on error), :func:`try_kubectl` (for commands that are
 *supposed* to be rejected: returns the outcome instead), :func:`kubectl_json`,
 :func:`manifest` / :func:`show` (lab files under ``manifests/labs/``),
-:func:`wait_until`, and :func:`record` (values for the grader).
+:func:`wait_until`, :func:`record` (values for the grader) and :func:`check`
+(the lab's visible checks on what the notebook has done so far, as a table).
 
-Standard library only (plus PyYAML), so the kernel starts fast.
+Standard library only (plus PyYAML), so the kernel starts fast; :func:`check`
+imports the grading code when it is called.
 """
 
 from __future__ import annotations
 
+import html
 import json
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -50,7 +54,7 @@ from gpulab.cluster import backend
 from gpulab.grading.record import record
 
 __all__ = ["begin", "Lab", "kubectl", "try_kubectl", "kubectl_json", "manifest", "show", "wait_until", "record",
-           "KubectlFailed", "Outcome", "Output"]
+           "check", "KubectlFailed", "Outcome", "Output"]
 
 _NAMESPACED_FLAGS = ("-n", "--namespace", "-A", "--all-namespaces")
 _lab: Lab | None = None
@@ -240,3 +244,118 @@ def begin(namespace: str, extra: Sequence[str] = (), fresh: bool = True) -> Lab:
     _lab.work.mkdir(parents=True, exist_ok=True)
     print(f"实验命名空间：{', '.join(names)}")
     return _lab
+
+
+# --------------------------------------------------------------------------- self-check
+
+SKIPPED_WHEN_GRADED = "评分时跳过自查：check() 只在你手动运行笔记本时显示结果。"
+HIDDEN_NOTE = "评分时还有隐藏检查。"
+SETUP_NOTE = ("这个实验评分时，评分器会在运行笔记本之前先布置集群（把 GPU 栈放回初始状态，或者故意弄坏某处），"
+              "并把它做了什么交给检查；自查时没有这一步，用到它的检查在这里可能算不上数，以 `gpulab check` 的结果为准。")
+
+
+def _lab_of_kernel() -> str | None:
+    """The lab's number: from the parameters cell's ``namespace`` (``lab-NN``), else the notebook's file name."""
+    if _lab is not None:
+        match = re.fullmatch(r"lab-(\d+)", _lab.namespace)
+        if match:
+            return match.group(1)
+    match = re.match(r"(\d+)-", Path(os.environ.get("JPY_SESSION_NAME", "")).name)
+    return match.group(1) if match else None
+
+
+def _verdict(outcome: Any) -> str:
+    return "通过" if outcome.passed else "部分" if outcome.earned > 0 else "未通过"
+
+
+def _points(outcome: Any) -> str:
+    return f"{outcome.earned:g} / {outcome.points:g}"
+
+
+def _heading(report: Any) -> str:
+    return f"自查：{report.spec.lab}"
+
+
+def _intro(report: Any, namespace: str) -> str:
+    return (f"按这个笔记本到目前为止用 record() 记录的值和命名空间 {namespace} 里现在的对象，运行公开的检查"
+            f"（和 `gpulab check labs/{report.spec.lab}.ipynb` 是同一套）；自查只读集群，不重跑笔记本，也不记录任何值。")
+
+
+def _total(report: Any) -> str:
+    return f"合计：{report.row.total:g} / {report.row.max_points:g} 分"
+
+
+def self_check_text(report: Any, namespace: str) -> str:
+    """The self-check's table as plain text (what a terminal, or a plain-text viewer, shows)."""
+    lines = [_heading(report), _intro(report, namespace), ""]
+    for o in report.row.outcomes:
+        verdict = _verdict(o)
+        lines.append(f"{verdict}{' ' * (8 - 2 * len(verdict))}{_points(o):>9}  {o.label}")
+        if o.message:
+            lines.append(f"{'':19}{o.message}")
+    lines += ["", f"{_total(report)}。{HIDDEN_NOTE}"]
+    if report.spec.setup is not None:
+        lines.append(SETUP_NOTE)
+    return "\n".join(lines)
+
+
+def self_check_html(report: Any, namespace: str) -> str:
+    """The self-check's table as HTML (what JupyterLab shows)."""
+    esc = html.escape
+    cell = 'style="text-align:left;vertical-align:top"'
+    rows = "".join(
+        f"<tr><td {cell}>{esc(o.label)}</td><td {cell}>{esc(_points(o))}</td>"
+        f"<td {cell}>{'✅' if o.passed else '⚠️' if o.earned > 0 else '❌'} {_verdict(o)}</td>"
+        f"<td {cell}>{esc(o.message)}</td></tr>" for o in report.row.outcomes)
+    head = "".join(f"<th {cell}>{h}</th>" for h in ("检查", "得分", "结果", "说明"))
+    parts = [f"<p><strong>{esc(_heading(report))}</strong></p>", f"<p>{esc(_intro(report, namespace))}</p>",
+             f"<table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>",
+             f"<p><strong>{esc(_total(report))}</strong>。{HIDDEN_NOTE}</p>"]
+    if report.spec.setup is not None:
+        parts.append(f"<p>{esc(SETUP_NOTE)}</p>")
+    return f'<div class="gpulab-self-check">{"".join(parts)}</div>'
+
+
+def _show(text: str, markup: str) -> None:
+    try:
+        from IPython import get_ipython
+        from IPython.display import display
+    except ImportError:  # pragma: no cover - labs run in Jupyter
+        get_ipython = None
+    if get_ipython is not None and get_ipython() is not None:
+        display({"text/plain": text, "text/html": markup}, raw=True)
+    else:
+        print(text)
+
+
+def check(lab: str | None = None) -> None:
+    """Show how the lab's visible checks grade what this notebook has done so far (a self-check).
+
+    The values recorded with :func:`record` in this kernel and the objects in
+    the lab's namespaces *now* are graded the way ``gpulab check`` grades a
+    run (:func:`gpulab.grading.grader.check_kernel`, through the same
+    :func:`~gpulab.grading.grader.grade_visible`), without running the
+    notebook again; hidden checks are never run. Under the grader it does
+    nothing but say so. It records nothing and changes nothing. ``lab`` (e.g.
+    ``"01"``) is needed only when the namespace is not the lab's ``lab-NN``.
+    """
+    if _lab is None:
+        print("自查之前先运行笔记本开头调用 begin(namespace) 的单元格。")
+        return
+    if _lab.graded:
+        print(SKIPPED_WHEN_GRADED)
+        return
+    number = lab or _lab_of_kernel()
+    if number is None:
+        print("认不出这是哪个实验：请写明实验编号，例如 check(\"01\")。")
+        return
+    from gpulab.grading import grader
+    from gpulab.grading.record import recorded
+
+    try:
+        report = grader.check_kernel(number, _lab.namespace, recorded(),
+                                     notebook=os.environ.get("JPY_SESSION_NAME") or None)
+    except grader.GradingError as exc:
+        print(f"自查没能进行：{exc}")
+        return
+    _show(self_check_text(report, _lab.namespace), self_check_html(report, _lab.namespace))

@@ -25,6 +25,8 @@ from .bank import (
     SingleChoice,
     canonical_answer,
     grade_answer,
+    hint_for,
+    key_lines,
     load_all,
     load_bank,
     load_section,
@@ -33,13 +35,14 @@ from .bank import (
 )
 from .progress import Entry, ProgressStore, SectionProgress, format_summary, gpulab_home, progress_path, summary
 
-_WIDGET_NAMES = {"show_quiz", "build_quiz", "answer", "render_text", "QuizView", "QuestionView"}
+_WIDGET_NAMES = {"show_quiz", "build_quiz", "answer", "show_answer", "render_text", "render_html",
+                 "render_markdown", "QuizView", "QuestionView"}
 
 __all__ = [
     "Bank", "BankError", "Feedback", "MultipleChoice", "Numeric", "Option", "Question", "ShortAnswer",
-    "SingleChoice", "canonical_answer", "grade_answer", "load_all", "load_bank", "load_section", "normalize",
-    "quiz_dir", "Entry", "ProgressStore", "SectionProgress", "format_summary", "gpulab_home", "progress_path",
-    "summary", *sorted(_WIDGET_NAMES),
+    "SingleChoice", "canonical_answer", "grade_answer", "hint_for", "key_lines", "load_all", "load_bank",
+    "load_section", "normalize", "quiz_dir", "Entry", "ProgressStore", "SectionProgress", "format_summary",
+    "gpulab_home", "progress_path", "summary", *sorted(_WIDGET_NAMES),
 ]
 
 

@@ -13,11 +13,16 @@ File format (``quizzes/NN-<slug>.yaml``)::
         tolerance: 0             # numeric only, absolute, default 0
         unit: 个                  # numeric only, optional
         explanation: ...         # why the key is right and the distractors wrong
+        hint: ...                # optional: shown after a wrong answer; must not give the key away
 
 Choice questions carry ``options`` (a mapping ``id: text``, in display order)
 and ``answer`` (one id for ``single``, a list of ids for ``multiple``). Short
 answers carry ``accept`` (literal answers) and/or ``patterns`` (regular
 expressions, matched in full); both are compared after :func:`normalize`.
+
+A wrong answer is answered with a hint, not with the key: the question's
+``hint`` if it has one, else a generic one for its type (:data:`GENERIC_HINTS`);
+the explanation is for a correct answer or an explicit "show the answer".
 
 Every problem found in a file is reported at once, each naming the file, the
 question id, the field and what is allowed.
@@ -30,7 +35,7 @@ import os
 import re
 import unicodedata
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -43,7 +48,7 @@ _ID_RE = re.compile(r"^[a-z0-9][a-z0-9-]*$")
 _OPTION_ID_RE = re.compile(r"^[a-z0-9]+$")
 _SECTION_RE = re.compile(r"^(\d{2})-[a-z0-9][a-z0-9-]*$")
 
-_COMMON_FIELDS = ("id", "type", "prompt", "explanation")
+_COMMON_FIELDS = ("id", "type", "prompt", "explanation", "hint")
 _TYPE_FIELDS = {
     "single": ("options", "answer"),
     "multiple": ("options", "answer"),
@@ -51,6 +56,14 @@ _TYPE_FIELDS = {
     "short": ("accept", "patterns"),
 }
 _BANK_FIELDS = ("section", "title", "description", "questions")
+
+# Shown after a wrong answer when the question has no ``hint`` of its own.
+GENERIC_HINTS = {
+    "single": "再想想：对照题干里的条件，看看你选的这一项哪里说不通，再换一个选项试试。",
+    "multiple": "再想想：把每个选项单独拿出来判断，只勾选本身就成立的那些。",
+    "numeric": "再想想：把计算过程重新列一遍，注意题目问的是哪个量、用什么单位。",
+    "short": "再想想：答案是一个确切的写法（名字、字段或命令），回到章节里对应的地方核对拼写，写完整。",
+}
 
 
 class BankError(ValueError):
@@ -79,6 +92,7 @@ class Question:
     section: str
     prompt: str
     explanation: str
+    hint: str = field(default="", kw_only=True)
 
 
 @dataclass(frozen=True)
@@ -142,12 +156,18 @@ class Feedback:
     ``answered`` is False when the input could not be taken as an answer at all
     (nothing chosen, not a number …); such attempts are not recorded and the
     explanation is withheld so that an empty click does not reveal the key.
+
+    ``message`` says what is wrong without giving the key away (which option
+    is not it, missing or extra choices, too big or too small); ``hint`` is set
+    for wrong answers only. ``explanation`` is always the question's: front
+    ends show it once the answer is correct or the learner asks for the key.
     """
 
     correct: bool
     message: str
     explanation: str
     answered: bool = True
+    hint: str = ""
 
 
 # --------------------------------------------------------------------------- grading
@@ -241,6 +261,42 @@ def _unanswered(message: str) -> Feedback:
     return Feedback(correct=False, message=message, explanation="", answered=False)
 
 
+def hint_for(question: Question) -> str:
+    """The hint shown after a wrong answer: the bank's own, else a generic one for the type."""
+    return question.hint or GENERIC_HINTS[question.kind]
+
+
+def _wrong(question: Question, message: str) -> Feedback:
+    return Feedback(False, message, question.explanation, hint=hint_for(question))
+
+
+def format_number(value: float) -> str:
+    """``7.0`` → ``7``, ``0.5`` → ``0.5``: how numeric answers are written back to learners."""
+    return str(int(value)) if float(value).is_integer() and abs(value) < 1e15 else repr(float(value))
+
+
+def key_lines(question: Question) -> list[str]:
+    """The key in words (Markdown-ish, like the bank text), for "显示答案"."""
+    if isinstance(question, SingleChoice):
+        option = question.option(question.answer)
+        return [f"{question.answer.upper()}. {option.text if option else ''}".rstrip()]
+    if isinstance(question, MultipleChoice):
+        return [f"{o.id.upper()}. {o.text}" for o in question.options if o.id in question.answer]
+    if isinstance(question, Numeric):
+        text = format_number(question.answer) + (f" {question.unit}" if question.unit else "")
+        if question.tolerance:
+            text += f"（允许误差 ±{format_number(question.tolerance)}）"
+        return [text]
+    if isinstance(question, ShortAnswer):
+        if question.accept:
+            lines = [f"`{question.accept[0]}`"]
+            if len(question.accept) > 1:
+                lines.append("也接受：" + "、".join(f"`{a}`" for a in question.accept[1:]))
+            return lines
+        return ["（按规则判分，写法见解析）"]
+    raise TypeError(f"not a question: {question!r}")
+
+
 def _grade_choice(question: SingleChoice | MultipleChoice, answer: Any) -> Feedback:
     ids = _choice_ids(question, answer)
     if not ids:
@@ -254,7 +310,7 @@ def _grade_choice(question: SingleChoice | MultipleChoice, answer: Any) -> Feedb
             return _unanswered("这是单选题，只能选一个选项。")
         if ids[0] == question.answer:
             return Feedback(True, "回答正确。", question.explanation)
-        return Feedback(False, "回答错误。", question.explanation)
+        return _wrong(question, f"回答错误：{ids[0].upper()} 不是正确答案。")
     chosen = set(ids)
     key = set(question.answer)
     if chosen == key:
@@ -265,7 +321,7 @@ def _grade_choice(question: SingleChoice | MultipleChoice, answer: Any) -> Feedb
         message = "还不完全对：正确的都选到了，但多选了不该选的选项。"
     else:
         message = "回答错误：既有选错的，也有漏选的。"
-    return Feedback(False, message, question.explanation)
+    return _wrong(question, message)
 
 
 def _grade_numeric(question: Numeric, answer: Any) -> Feedback:
@@ -276,7 +332,7 @@ def _grade_numeric(question: Numeric, answer: Any) -> Feedback:
         return _unanswered(f"“{answer}”不是一个数字，请只填写数值。")
     if abs(number - question.answer) <= question.tolerance + 1e-9:
         return Feedback(True, "回答正确。", question.explanation)
-    return Feedback(False, "数值不对。", question.explanation)
+    return _wrong(question, "数值不对：偏大了。" if number > question.answer else "数值不对：偏小了。")
 
 
 def _grade_short(question: ShortAnswer, answer: Any) -> Feedback:
@@ -288,7 +344,7 @@ def _grade_short(question: ShortAnswer, answer: Any) -> Feedback:
         return Feedback(True, "回答正确。", question.explanation)
     if any(p.fullmatch(text) for p in question.patterns):
         return Feedback(True, "回答正确。", question.explanation)
-    return Feedback(False, "回答错误。", question.explanation)
+    return _wrong(question, "回答错误。")
 
 
 # --------------------------------------------------------------------------- loading
@@ -361,6 +417,9 @@ def _parse_question(raw: Any, section: str, index: int, problems: _Problems) -> 
         problems.add("must be a non-empty string", qid, "prompt")
     if explanation is None:
         problems.add("must be a non-empty string that explains why the key is right", qid, "explanation")
+    hint = _text(raw.get("hint")) or ""
+    if "hint" in raw and not hint:
+        problems.add("must be a non-empty string (a nudge shown after a wrong answer) or left out", qid, "hint")
 
     question: Question | None = None
     if qtype in ("single", "multiple"):
@@ -371,7 +430,7 @@ def _parse_question(raw: Any, section: str, index: int, problems: _Problems) -> 
             if not isinstance(answer, str) or answer not in ids:
                 problems.add(f"must be one option id out of [{', '.join(ids)}], got {answer!r}", qid, "answer")
             else:
-                question = SingleChoice(qid, section, prompt or "", explanation or "", options, answer)
+                question = SingleChoice(qid, section, prompt or "", explanation or "", options, answer, hint=hint)
         else:
             if (not isinstance(answer, list) or not answer
                     or any(not isinstance(a, str) or a not in ids for a in answer)):
@@ -381,7 +440,7 @@ def _parse_question(raw: Any, section: str, index: int, problems: _Problems) -> 
                 problems.add("lists an option twice", qid, "answer")
             else:
                 question = MultipleChoice(qid, section, prompt or "", explanation or "", options,
-                                          frozenset(answer))
+                                          frozenset(answer), hint=hint)
     elif qtype == "numeric":
         answer, tolerance, unit = raw.get("answer"), raw.get("tolerance", 0), raw.get("unit", "")
         if isinstance(answer, bool) or not isinstance(answer, (int, float)) or not math.isfinite(answer):
@@ -392,7 +451,7 @@ def _parse_question(raw: Any, section: str, index: int, problems: _Problems) -> 
             problems.add(f"must be a string, got {unit!r}", qid, "unit")
         else:
             question = Numeric(qid, section, prompt or "", explanation or "", float(answer), float(tolerance),
-                               unit.strip())
+                               unit.strip(), hint=hint)
     else:
         accept, patterns = raw.get("accept", []), raw.get("patterns", [])
         compiled = []
@@ -411,7 +470,7 @@ def _parse_question(raw: Any, section: str, index: int, problems: _Problems) -> 
             problems.add("a short answer needs 'accept' and/or 'patterns'", qid, "accept")
         else:
             question = ShortAnswer(qid, section, prompt or "", explanation or "",
-                                   tuple(a.strip() for a in accept), tuple(compiled))
+                                   tuple(a.strip() for a in accept), tuple(compiled), hint=hint)
     return question if len(problems.items) == before else None
 
 

@@ -4,9 +4,14 @@ Layout::
 
     {"version": 1,
      "sections": {"04-sharing": {"sh-mig-count": {"answer": 7, "correct": true,
-                                                  "attempts": 2, "updated": "2025-…Z"}}}}
+                                                  "attempts": 2, "updated": "2025-…Z",
+                                                  "revealed": true}}}}
 
 Only the latest answer of each question is kept (with an attempt counter).
+``revealed`` (absent until then) records that the learner asked to see the
+key ("显示答案"); it stays set when the question is answered again. A question
+whose key was shown but that was never answered has ``revealed`` and no
+``answer``: it is not counted as answered.
 Every update is a locked read-modify-write followed by an atomic replace, so
 two notebooks answering at once never lose each other's answers, and a kernel
 killed mid-write leaves the previous file intact.
@@ -51,6 +56,7 @@ class Entry:
     correct: bool
     attempts: int
     updated: str
+    revealed: bool = False
 
 
 @dataclass(frozen=True)
@@ -60,6 +66,7 @@ class SectionProgress:
     answered: int
     correct: int
     total: int
+    revealed: int = 0
 
 
 def _empty() -> dict[str, Any]:
@@ -114,6 +121,11 @@ class ProgressStore:
         raw = self._read()["sections"].get(section, {})
         return {qid: e for qid, e in ((q, _entry(v)) for q, v in raw.items()) if e is not None}
 
+    def revealed(self, section: str, qid: str) -> bool:
+        """Whether the learner has asked to see this question's answer."""
+        raw = self._read()["sections"].get(section, {}).get(qid)
+        return isinstance(raw, Mapping) and bool(raw.get("revealed"))
+
     # -- writing -----------------------------------------------------------
 
     def record(self, section: str, qid: str, answer: Any, correct: bool) -> Entry:
@@ -129,10 +141,25 @@ class ProgressStore:
                 "attempts": int(previous.get("attempts", 0)) + 1,
                 "updated": now,
             }
+            entry.update({k: previous[k] for k in ("revealed", "revealed_at") if k in previous})
             data["version"] = FORMAT_VERSION
             data["sections"].setdefault(section, {})[qid] = entry
             atomic_write_json(self.path, data)
-        return Entry(**entry)
+        return Entry(answer, bool(correct), entry["attempts"], now, bool(entry.get("revealed")))
+
+    def mark_revealed(self, section: str, qid: str) -> None:
+        """Record that the key of ``section``/``qid`` was shown ("显示答案"); the answer is kept."""
+        now = _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+        with locked(self.path):
+            data = self._read()
+            questions = data["sections"].setdefault(section, {})
+            previous = questions.get(qid)
+            entry = dict(previous) if isinstance(previous, Mapping) else {}
+            entry["revealed"] = True
+            entry.setdefault("revealed_at", now)
+            questions[qid] = entry
+            data["version"] = FORMAT_VERSION
+            atomic_write_json(self.path, data)
 
     def reset(self, section: str | None = None) -> None:
         """Forget one section's answers, or all of them."""
@@ -148,7 +175,8 @@ class ProgressStore:
 def _entry(raw: Any) -> Entry | None:
     if not isinstance(raw, Mapping) or "answer" not in raw:
         return None
-    return Entry(raw["answer"], bool(raw.get("correct")), int(raw.get("attempts", 1)), str(raw.get("updated", "")))
+    return Entry(raw["answer"], bool(raw.get("correct")), int(raw.get("attempts", 1)), str(raw.get("updated", "")),
+                 bool(raw.get("revealed")))
 
 
 def summary(banks: Mapping[str, Bank] | None = None, store: ProgressStore | None = None
@@ -162,7 +190,9 @@ def summary(banks: Mapping[str, Bank] | None = None, store: ProgressStore | None
         saved = sections.get(name, {})
         ids = [q.id for q in bank.questions]
         entries = [e for e in (_entry(saved.get(qid)) for qid in ids) if e is not None]
-        result[name] = SectionProgress(name, bank.title, len(entries), sum(e.correct for e in entries), len(ids))
+        revealed = sum(isinstance(saved.get(qid), Mapping) and bool(saved[qid].get("revealed")) for qid in ids)
+        result[name] = SectionProgress(name, bank.title, len(entries), sum(e.correct for e in entries), len(ids),
+                                       revealed)
     return result
 
 

@@ -1,13 +1,22 @@
-"""One quiz, answered in a real browser: JupyterLab in headless Chromium, clicks, feedback, a screenshot.
+"""One quiz, answered in a real browser: JupyterLab in headless Chromium, clicks, feedback, screenshots.
 
 The test starts its own JupyterLab on 127.0.0.1 (a free port, a random
 token, settings, workspaces and runtime files under ``tmp_path``, quiz
-progress in a ``GPULAB_HOME`` of its own), opens a one-cell notebook that
-calls ``show_quiz("08")``, runs the cell, and answers the section's first
-single-choice question the way a learner does: a click on a wrong option and
-提交 (❌ with the explanation), then a click on the right one and 提交 (✅).
-Screenshots of both go to ``tmp_path``; their paths are in every assertion
-message. JupyterLab is always stopped, whatever happens.
+progress in a ``GPULAB_HOME`` of its own) and opens a one-cell notebook that
+calls ``show_quiz("04")``. The cell carries a saved output, as a notebook
+handed out with outputs does; the notebook is not trusted, so before the cell
+runs JupyterLab must show the quiz's static HTML fallback, not a ``VBox(…)``
+repr. Then it runs the cell and works the quiz the way a learner does:
+
+- the first single-choice question: a wrong option and 提交 (× with a hint,
+  no explanation, a 显示答案 button), then the right one (√ with the explanation);
+- the question with the section's longest option (sh-ts-facts, option E, that
+  used to be cut off mid-word): every option's text is fully visible — wrapped
+  onto several lines inside its row, not clipped, not covered, no ellipsis;
+  then a wrong answer and 显示答案 (the key and the explanation).
+
+Screenshots go to ``tmp_path``; their paths are in every assertion message.
+JupyterLab is always stopped, whatever happens.
 
 No cluster is needed: the quiz widgets only need a kernel.
 """
@@ -29,12 +38,12 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from gpulab.quiz import SingleChoice, load_section
+from gpulab.quiz import MultipleChoice, ProgressStore, SingleChoice, build_quiz, hint_for, load_section
 
 pytestmark = pytest.mark.browser
 
 REPO = Path(__file__).resolve().parents[2]
-SECTION = "08"
+SECTION = "04"
 START_TIMEOUT = 120  # JupyterLab and a kernel on a busy 2-core machine
 UI_TIMEOUT_MS = 120_000
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -47,11 +56,59 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def write_notebook(path: Path) -> None:
+def write_notebook(path: Path, work: Path) -> None:
+    """The quiz cell, with the output ``show_quiz`` left in it last time (widget model long gone)."""
     nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell(f'from gpulab.quiz import show_quiz\nshow_quiz("{SECTION}")')]
+    cell = nbformat.v4.new_code_cell(f'from gpulab.quiz import show_quiz\nshow_quiz("{SECTION}")')
+    bundle = build_quiz(SECTION, ProgressStore(work / "build-progress.json")).mimebundle()
+    cell.outputs = [nbformat.v4.new_output("display_data", data=bundle)]
+    nb.cells = [cell]
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nbformat.write(nb, path)
+
+
+# For one option label: is all of its text on screen? Each line box of the text must lie inside the label,
+# inside every ancestor that clips (overflow other than visible), and be what is hit at its own centre (not
+# covered by the next row or the buttons). Returns the problems found, and the number of lines.
+TEXT_FULLY_VISIBLE_JS = """(label) => {
+  const problems = [];
+  const style = getComputedStyle(label);
+  if (style.textOverflow === 'ellipsis' && style.whiteSpace === 'nowrap') problems.push('nowrap + ellipsis');
+  if (label.scrollWidth > label.clientWidth + 1) {
+    problems.push(`overflows sideways ${label.scrollWidth}>${label.clientWidth}`);
+  }
+  const walker = document.createTreeWalker(label, NodeFilter.SHOW_TEXT);
+  const rects = [];
+  for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+    if (!node.textContent.trim()) continue;
+    const range = document.createRange();
+    range.selectNodeContents(node);
+    for (const r of range.getClientRects()) if (r.width > 0 && r.height > 0) rects.push({rect: r, node});
+  }
+  if (!rects.length) problems.push('no text rendered');
+  for (let el = label; el && el !== document.body; el = el.parentElement) {
+    const cs = getComputedStyle(el);
+    const clips = cs.overflowX !== 'visible' || cs.overflowY !== 'visible';
+    if (el !== label && !clips) continue;
+    const box = el.getBoundingClientRect();
+    for (const {rect} of rects) {
+      if (rect.top < box.top - 1 || rect.bottom > box.bottom + 1
+          || rect.left < box.left - 1 || rect.right > box.right + 1) {
+        problems.push(`line at y=${Math.round(rect.top)} outside ${el.tagName}.${el.className} `
+                      + `(${Math.round(box.top)}..${Math.round(box.bottom)})`);
+      }
+    }
+  }
+  for (const {rect, node} of rects) {
+    const hit = document.elementFromPoint(rect.left + rect.width / 2, rect.top + rect.height / 2);
+    if (!hit || !(hit === node.parentElement || node.parentElement.contains(hit) || hit.contains(node))) {
+      const what = hit ? hit.tagName + '.' + hit.className : 'nothing';
+      problems.push(`line at y=${Math.round(rect.top)} covered by ${what}`);
+    }
+  }
+  const lines = new Set(rects.map(({rect}) => Math.round(rect.top))).size;
+  return {problems, lines, text: label.innerText};
+}"""
 
 
 def quiet_settings(settings: Path) -> None:
@@ -148,17 +205,25 @@ def run_first_cell(page) -> None:
 
 
 def test_a_quiz_answered_in_jupyterlab_in_headless_chromium(tmp_path, chromium_path, sync_playwright):
+    from playwright.sync_api import expect
+
     bank = load_section(SECTION)
     question = next(q for q in bank.questions if isinstance(q, SingleChoice))
     ids = [o.id for o in question.options]
     right = ids.index(question.answer)
     wrong = next(i for i in range(len(ids)) if i != right)
+    # The multiple-choice question with the section's longest option (in 04: sh-ts-facts, option E).
+    long_q = max((q for q in bank.questions if isinstance(q, MultipleChoice)),
+                 key=lambda q: max(len(o.text) for o in q.options))
+    long_opt = max(long_q.options, key=lambda o: len(o.text))
+    long_wrong = next(o.id for o in long_q.options if o.id not in long_q.answer)
+    hint = re.sub(r"[`*]", "", hint_for(question))
 
     root = tmp_path / "lab"
     root.mkdir()
-    write_notebook(root / "quiz.ipynb")
-    shots = {"wrong": tmp_path / "quiz-wrong.png", "right": tmp_path / "quiz-right.png",
-             "failure": tmp_path / "quiz-failure.png"}
+    write_notebook(root / "quiz.ipynb", tmp_path)
+    shots = {name: tmp_path / f"quiz-{name}.png" for name in ("static", "wrong", "right", "long", "revealed",
+                                                               "failure")}
     lab = JupyterLab(root, tmp_path)
     page = None
     try:
@@ -169,14 +234,33 @@ def test_a_quiz_answered_in_jupyterlab_in_headless_chromium(tmp_path, chromium_p
                 page = browser.new_page(viewport={"width": 1280, "height": 1400}, locale="zh-CN")
                 page.set_default_timeout(UI_TIMEOUT_MS)
                 page.goto(f"{lab.base}/lab/tree/quiz.ipynb?token={lab.token}")
+
+                # Before the cell runs: the saved output shows the questions (static HTML), not a widget repr.
+                output = page.locator(".jp-Notebook .jp-Cell").first.locator(".jp-OutputArea-output")
+                expect(output).to_contain_text("这是静态预览", timeout=UI_TIMEOUT_MS)
+                page.screenshot(path=str(shots["static"]))
+                static = output.inner_text()
+                assert "VBox(" not in static and bank.title in static, \
+                    f"saved output before the run: {static[:300]!r}; screenshot: {shots['static']}"
+                assert question.prompt.strip().splitlines()[0].split("`")[0] in static, \
+                    f"question missing from the static output; screenshot: {shots['static']}"
+                assert "解析：" not in static and question.explanation[:15] not in static, \
+                    f"static output shows explanations; screenshot: {shots['static']}"
+
                 run_first_cell(page)
 
                 card = page.locator(f".gpulab-quiz-{question.id}")
                 card.wait_for(state="visible")
                 radios = card.locator(".gpulab-quiz-input input[type='radio']")
                 assert radios.count() == len(ids), f"{radios.count()} radio buttons for options {ids}"
+                for n, option in enumerate(question.options):  # radio options are shown whole too
+                    result = card.locator(".widget-radio-box label").nth(n).evaluate(TEXT_FULLY_VISIBLE_JS)
+                    assert not result["problems"] and option.text.replace("`", "") in result["text"], \
+                        f"radio option {option.id.upper()}: {result}"
                 feedback = card.locator(".gpulab-quiz-feedback")
                 submit = card.locator("button.gpulab-quiz-submit")
+                reveal = card.locator("button.gpulab-quiz-reveal")
+                expect(reveal).to_be_hidden()
 
                 def answer(option: int, verdict: str, shot: Path) -> str:
                     """Pick an option, submit, and return the feedback once it shows ``verdict``."""
@@ -188,15 +272,50 @@ def test_a_quiz_answered_in_jupyterlab_in_headless_chromium(tmp_path, chromium_p
                     return feedback.inner_text()
 
                 text = answer(wrong, "wrong", shots["wrong"])
-                assert "❌" in text and "回答错误" in text and "解析" in text, \
+                assert "×" in text and "回答错误" in text and "提示" in text and hint in text, \
                     f"feedback after a wrong answer: {text!r}; screenshot: {shots['wrong']}"
+                assert "解析" not in text and question.explanation[:15] not in text, \
+                    f"a wrong answer gave the explanation away: {text!r}; screenshot: {shots['wrong']}"
+                assert not re.search("[\u2705\u274c\u26a0\ufe0f]", text), f"emoji in {text!r}"
+                expect(reveal).to_be_visible()
 
+                # Another try: the right option.
                 text = answer(right, "correct", shots["right"])
-                assert "✅" in text and "回答正确" in text, \
+                assert "√" in text and "回答正确" in text and "解析" in text, \
                     f"feedback after the right answer: {text!r}; screenshot: {shots['right']}"
+                assert "提示" not in text, f"hint still shown after the right answer: {text!r}"
+                expect(reveal).to_be_hidden()
                 summary = page.locator(".gpulab-quiz-summary").inner_text()
                 assert f"已答 1 / {len(bank.questions)} 题，答对 1 题" in summary, \
                     f"progress line {summary!r}; screenshot: {shots['right']}"
+
+                # Long options: every option of the question is fully on screen, the longest on several lines.
+                long_card = page.locator(f".gpulab-quiz-{long_q.id}")
+                long_card.scroll_into_view_if_needed()
+                long_card.screenshot(path=str(shots["long"]))
+                for option in long_q.options:
+                    label = long_card.locator(f".gpulab-quiz-option-{option.id} label.widget-label-basic")
+                    result = label.evaluate(TEXT_FULLY_VISIBLE_JS)
+                    assert not result["problems"], \
+                        f"option {option.id.upper()} not fully visible: {result}; screenshot: {shots['long']}"
+                    assert result["text"].strip() == f"{option.id.upper()}. {option.text.replace('`', '')}", \
+                        f"option {option.id.upper()} text {result['text']!r}; screenshot: {shots['long']}"
+                    if option is long_opt:
+                        assert result["lines"] >= 2, \
+                            f"option {option.id.upper()} did not wrap: {result}; screenshot: {shots['long']}"
+
+                # A wrong answer there, then 显示答案: the key and the explanation.
+                long_card.locator(f".gpulab-quiz-option-{long_wrong} input[type='checkbox']").click()
+                long_card.locator("button.gpulab-quiz-submit").click()
+                long_card.locator(".gpulab-quiz-feedback.gpulab-quiz-wrong").wait_for(state="visible")
+                long_card.locator("button.gpulab-quiz-reveal").click()
+                long_card.locator(".gpulab-quiz-feedback.gpulab-quiz-revealed").wait_for(state="visible")
+                long_card.scroll_into_view_if_needed()
+                page.screenshot(path=str(shots["revealed"]))
+                text = long_card.locator(".gpulab-quiz-feedback").inner_text()
+                assert "正确答案" in text and "解析" in text, \
+                    f"feedback after 显示答案: {text!r}; screenshot: {shots['revealed']}"
+                expect(long_card.locator("button.gpulab-quiz-reveal")).to_be_hidden()
             except Exception as exc:
                 if page is not None:
                     try:
@@ -210,11 +329,13 @@ def test_a_quiz_answered_in_jupyterlab_in_headless_chromium(tmp_path, chromium_p
     finally:
         lab.stop()
 
-    for name in ("wrong", "right"):
-        assert shots[name].is_file() and shots[name].stat().st_size > 10_000, \
+    for name in ("static", "wrong", "right", "long", "revealed"):
+        assert shots[name].is_file() and shots[name].stat().st_size > 5_000, \
             f"screenshot {shots[name]} missing or empty"
-    # The click went through the kernel: the answer is in the learner's progress.
-    saved = json.loads((tmp_path / "gpulab-home" / "progress.json").read_text())
-    assert question.id in json.dumps(saved, ensure_ascii=False), \
-        f"answer to {question.id} not saved in progress.json: {saved}; screenshot: {shots['right']}"
-    print(f"screenshots: {shots['wrong']} {shots['right']}")
+    # The clicks went through the kernel: answers, the retry and the shown key are in the learner's progress.
+    saved = json.loads((tmp_path / "gpulab-home" / "progress.json").read_text())["sections"][bank.section]
+    assert saved[question.id]["correct"] is True and saved[question.id]["attempts"] == 2, \
+        f"progress for {question.id}: {saved.get(question.id)}; screenshot: {shots['right']}"
+    assert saved[long_q.id]["revealed"] is True and saved[long_q.id]["answer"] == [long_wrong], \
+        f"progress for {long_q.id}: {saved.get(long_q.id)}; screenshot: {shots['revealed']}"
+    print("screenshots: " + " ".join(str(shots[n]) for n in ("static", "wrong", "right", "long", "revealed")))

@@ -275,3 +275,18 @@ def test_environment_yml_pins_agree_with_the_lock(lock, constraints_text) -> Non
         if name in pins and spec.lstrip("=") != pins[name]:
             problems.append(f"conda {dep}: constraints.txt pins {name}=={pins[name]}")
     assert not problems, "environment.yml disagrees with constraints.txt:\n" + "\n".join(problems)
+
+
+def test_every_pin_installs_on_the_oldest_supported_python(lock, constraints_text) -> None:
+    # Debian's python3.11 is 3.11.2: a pin that needs a later patch release breaks `make lab` there.
+    assert lock.oldest_python() == "3.11.0"
+    assert lock.check_supported_python(lock.parse(constraints_text)) == []
+
+
+def test_a_pin_needing_a_newer_python_is_refused(lock, monkeypatch) -> None:
+    class Meta(dict):
+        pass
+
+    monkeypatch.setattr(lock.metadata, "metadata", lambda name: Meta({"Requires-Python": ">=3.11.5"}))
+    [complaint] = lock.check_supported_python({"soupsieve": "4.1.4"})
+    assert "soupsieve==4.1.4 requires Python >=3.11.5" in complaint and "3.11.0" in complaint

@@ -179,3 +179,38 @@ def test_invalid_yaml_is_reported_with_the_file(tmp_path):
 def test_quiz_dir_can_be_overridden(monkeypatch, tmp_path):
     monkeypatch.setenv("GPULAB_QUIZ_DIR", str(tmp_path))
     assert qb.quiz_dir() == tmp_path
+
+
+def test_optional_hint_is_loaded_and_validated(tmp_path):
+    path = _write(tmp_path, "01-demo.yaml", """
+section: 01-demo
+title: 演示
+questions:
+  - id: q-hinted
+    type: single
+    prompt: 问题
+    options: {a: 甲, b: 乙}
+    answer: a
+    hint: 回到「资源模型」一节再看一遍。
+    explanation: 解释
+  - id: q-plain
+    type: short
+    prompt: 问题
+    accept: [x]
+    explanation: 解释
+""")
+    bank = load_bank(path)
+    assert bank.question("q-hinted").hint == "回到「资源模型」一节再看一遍。"
+    assert bank.question("q-plain").hint == ""
+    bad = _write(tmp_path, "02-demo.yaml", """
+section: 02-demo
+title: 演示
+questions:
+  - {id: q-empty, type: short, prompt: 问题, accept: [x], explanation: 解释, hint: "  "}
+  - {id: q-list, type: numeric, prompt: 问题, answer: 1, explanation: 解释, hint: [a, b]}
+""")
+    with pytest.raises(BankError) as info:
+        load_bank(bad)
+    text = str(info.value)
+    assert "question 'q-empty': field 'hint': must be a non-empty string" in text
+    assert "question 'q-list': field 'hint': must be a non-empty string" in text

@@ -7,13 +7,17 @@ import re
 import pytest
 
 from gpulab.quiz.bank import (
+    GENERIC_HINTS,
     MultipleChoice,
     Numeric,
     Option,
     ShortAnswer,
     SingleChoice,
     canonical_answer,
+    format_number,
     grade_answer,
+    hint_for,
+    key_lines,
     normalize,
 )
 
@@ -103,3 +107,37 @@ def test_canonical_answer_is_what_gets_saved():
     assert canonical_answer(MULTI, "c,a") == ["a", "c"]
     assert canonical_answer(NUM, "７") == 7.0
     assert canonical_answer(SHORT, "Device Plugin") == "Device Plugin"
+
+
+def test_wrong_answers_get_a_hint_that_does_not_give_the_key():
+    wrong = grade_answer(SINGLE, "a")
+    assert wrong.message == "回答错误：A 不是正确答案。" and wrong.hint == GENERIC_HINTS["single"]
+    assert "乙" not in wrong.message + wrong.hint and "B" not in wrong.message
+    assert grade_answer(MULTI, ["a"]).hint == GENERIC_HINTS["multiple"]
+    assert grade_answer(SHORT, "gpu").hint == GENERIC_HINTS["short"]
+    assert grade_answer(SINGLE, "b").hint == ""  # right answers need no hint
+    assert grade_answer(SINGLE, "").hint == ""  # nor do non-answers
+    assert all(h.startswith("再想想") for h in GENERIC_HINTS.values())
+
+
+def test_numeric_says_too_big_or_too_small():
+    big, small = grade_answer(NUM, 9), grade_answer(NUM, "6")
+    assert big.message == "数值不对：偏大了。" and small.message == "数值不对：偏小了。"
+    assert big.hint == GENERIC_HINTS["numeric"] and "7" not in big.message + big.hint
+
+
+def test_a_question_hint_replaces_the_generic_one():
+    hinted = SingleChoice("h", "01-x", "单选？", "乙对。", OPTS, "b", hint="想想 **乙** 的定义。")
+    assert hint_for(hinted) == "想想 **乙** 的定义。"
+    assert grade_answer(hinted, "c").hint == "想想 **乙** 的定义。"
+    assert hint_for(SINGLE) == GENERIC_HINTS["single"]
+
+
+def test_key_lines_spell_out_the_key():
+    assert key_lines(SINGLE) == ["B. 乙"]
+    assert key_lines(MULTI) == ["A. 甲", "C. 丙"]
+    assert key_lines(NUM) == ["7 个"]
+    assert key_lines(NUM_TOL) == ["0.5（允许误差 ±0.05）"]
+    assert key_lines(SHORT) == ["`nvidia.com/gpu`", "也接受：`Device Plugin`"]
+    assert key_lines(ShortAnswer("p", "01-x", "?", "e", (), (re.compile("x"),))) == ["（按规则判分，写法见解析）"]
+    assert format_number(7.0) == "7" and format_number(0.25) == "0.25"

@@ -128,3 +128,28 @@ def test_reset(home):
     assert store.entries("01-a") == {} and store.entries("02-b")
     store.reset()
     assert store.load()["sections"] == {}
+
+
+def test_revealed_is_recorded_and_survives_new_answers(home):
+    store = ProgressStore()
+    store.record("01-a", "q1", "wrong", False)
+    assert not store.revealed("01-a", "q1") and not store.get("01-a", "q1").revealed
+    store.mark_revealed("01-a", "q1")
+    entry = store.get("01-a", "q1")
+    assert (entry.answer, entry.correct, entry.attempts, entry.revealed) == ("wrong", False, 1, True)
+    raw = json.loads(store.path.read_text(encoding="utf-8"))["sections"]["01-a"]["q1"]
+    assert raw["revealed"] is True and raw["revealed_at"].endswith("Z")
+    entry = store.record("01-a", "q1", "x", True)
+    assert (entry.correct, entry.attempts, entry.revealed) == (True, 2, True)
+    assert store.get("01-a", "q1").revealed
+
+
+def test_revealed_without_an_answer_is_not_counted_as_answered(home):
+    banks = {"01-a": _bank("01-a", ["q1", "q2"])}
+    store = ProgressStore()
+    store.mark_revealed("01-a", "q2")
+    assert store.revealed("01-a", "q2") and store.get("01-a", "q2") is None
+    assert store.entries("01-a") == {}
+    result = summary(banks, store)["01-a"]
+    assert (result.answered, result.correct, result.total, result.revealed) == (0, 0, 2, 1)
+    assert store.record("01-a", "q2", "x", True).attempts == 1
