@@ -22,6 +22,22 @@ the answer.
 Hidden checks are ordinary check modules kept outside the repository and
 loaded with :func:`load_hidden_checks`; learners only ever see
 "隐藏检查 N：未通过/通过", never their title, message or code.
+
+Each mistake costs points once. A *step check* judges one thing the learner
+did (a value read off the cluster, a number chosen, a Deployment scaled)
+against what their own earlier steps actually produced, as captured, not
+against the lab's target: when an earlier step went wrong and another check
+deducts for that, the step is judged against what the learner really had
+(error carried forward), and the message says what was observed and which
+check covers the cause. When the captured objects cannot tell what the earlier
+step produced, that criterion is not judged and not deducted; the message says
+so. *Outcome checks* (the lab's end state: replicas running, a Job resumed)
+judge the end state as it is, and their messages name the cause they saw.
+Each check's docstring says which kind it is where that matters.
+
+Free-text explanations are scored on what they claim (:func:`judge_explanation`):
+each concept of the right mechanism earns its share, and each known-wrong
+mechanism or remedy the text asserts (not denies) takes shares back.
 """
 
 from __future__ import annotations
@@ -247,6 +263,90 @@ def quantity_int(value: Any) -> int | None:
     if isinstance(value, str) and re.fullmatch(r"\s*\d+\s*", value):
         return int(value)
     return None
+
+
+# --------------------------------------------------------------------------- free-text explanations
+
+
+#: Where one claim of a free-text answer ends: sentence and clause punctuation, Chinese or English.
+_CLAUSE_END = re.compile(r"[。；;！!？?\n，,：:、（）()]|\.(?:\s|$)")
+#: Words that deny what follows them ("不是因为资源不够", "not because ..."), and how far back they reach:
+#: a few characters in Chinese, a few words in English.
+_NEGATION = re.compile(r"不(?!仅|只|但)|没|未|无(?!论)|并非|而非|绝非", re.I)
+_NEGATION_EN = re.compile(r"\bnot\b|n't\b|\bno\b|\bnever\b|\bnor\b|rather than|instead of", re.I)
+_NEGATION_WINDOW = 12
+_NEGATION_WINDOW_EN = 32
+
+
+def clauses(text: str) -> list[str]:
+    """``text`` cut into clauses at sentence and clause punctuation (empty ones dropped)."""
+    return [c.strip() for c in _CLAUSE_END.split(text) if c.strip()]
+
+
+def asserted(text: str, pattern: re.Pattern[str], unless: re.Pattern[str] | None = None) -> str | None:
+    """The first clause of ``text`` that says ``pattern`` without denying it, or None.
+
+    A match counts as denied when a negation word stands shortly before it within
+    its clause (不、没 … in the 12 characters before, not/never … in the 32):
+    "并没有把显存切开" does not claim that memory is split. Clauses matching
+    ``unless`` are skipped (a claim about MIG is not a claim about time-slicing).
+    """
+    for clause in clauses(text):
+        if unless is not None and unless.search(clause):
+            continue
+        for match in pattern.finditer(clause):
+            start = match.start()
+            if not (_NEGATION.search(clause[max(0, start - _NEGATION_WINDOW):start])
+                    or _NEGATION_EN.search(clause[max(0, start - _NEGATION_WINDOW_EN):start])):
+                return clause
+    return None
+
+
+@dataclass(frozen=True)
+class WrongClaim:
+    """A known-wrong mechanism or remedy an explanation may assert, and what to tell the learner about it.
+
+    ``kind`` sets what asserting it costs: a wrong ``"mechanism"`` takes back two shares (it stands in
+    for a part of the right mechanism, and it is false), a wrong ``"remedy"`` one.
+    """
+
+    pattern: re.Pattern[str]
+    message: str
+    unless: re.Pattern[str] | None = None
+    kind: str = "mechanism"
+
+    def __post_init__(self) -> None:
+        if self.kind not in WRONG_CLAIM_COST:
+            raise ValueError(f"WrongClaim.kind must be one of {sorted(WRONG_CLAIM_COST)}, got {self.kind!r}")
+
+
+#: Shares of an explanation's credit an asserted wrong claim takes back, by kind.
+WRONG_CLAIM_COST = {"mechanism": 2, "remedy": 1}
+
+
+def judge_explanation(text: Any, concepts: Sequence[tuple[re.Pattern[str], str]],
+                      wrong: Sequence[WrongClaim] = (), *, name: str = "explanation",
+                      min_chars: int = 15, too_short: str | None = None, subject: str = "解释") -> CheckResult:
+    """Score a free-text explanation on what it claims.
+
+    ``concepts`` are the right mechanism's parts, each ``(pattern, message when missing)``;
+    each one found earns ``1 / len(concepts)``. Each ``wrong`` claim the text asserts
+    (:func:`asserted`: said, not denied) takes shares back (:data:`WRONG_CLAIM_COST`: two for a
+    wrong mechanism, one for a wrong remedy), never below zero, and the message quotes the
+    clause that asserts it (``「subject」里写的「…」``), so the feedback says what the check read.
+    """
+    if not isinstance(text, str) or len(text.strip()) < min_chars:
+        return failed(too_short or f"{name} 应该是你自己写的一两句话（至少十几个字）。")
+    hits = [pattern.search(text) is not None for pattern, _ in concepts]
+    problems = [msg for hit, (_, msg) in zip(hits, concepts) if not hit]
+    said, cost = [], 0
+    for claim in wrong:
+        clause = asserted(text, claim.pattern, claim.unless)
+        if clause is not None and clause not in said:
+            said.append(clause)
+            cost += WRONG_CLAIM_COST[claim.kind]
+            problems.append(f"{subject}里写的「{clause}」{claim.message}")
+    return ratio(max(0, sum(hits) - cost), len(concepts), problems)
 
 
 def allocatable_by_node(ctx: "Context", resource: str = "nvidia.com/gpu") -> dict[str, int]:

@@ -68,19 +68,24 @@ def test_lab04_scores(lab04):
     assert "gpu-operator 命名空间里没有 ConfigMap" in lab04.message("bob", "ts-config")
 
     # A config the device plugin cannot read takes it down (as NVIDIA's does): no GPUs at all, then no MIG
-    # instances advertised either. The notebook keeps going, so the explanation still earns its points.
-    assert lab04.earned("carol") == {"ts-config": 0, "ts-applied": 2, "dev-fit": 1, "dev-sees-neighbours": 0,
-                                     "explanation": 3, "mig-layout": 2, "infer-isolated": 1, "mig-count": 0,
+    # instances advertised either. The notebook keeps going, so the explanation still earns its points. Each
+    # mistake costs points once: the steps that follow (scaling to what the node offered, reading the memory
+    # and the instance count) are judged against what the node really offered, and cannot tell it here.
+    assert lab04.earned("carol") == {"ts-config": 0, "ts-applied": 2, "dev-fit": 3, "dev-sees-neighbours": 1,
+                                     "explanation": 3, "mig-layout": 2, "infer-isolated": 1, "mig-count": 1,
                                      "infer-distinct-instances": 0}
     assert lab04.rows["carol"].status == "ok"
     assert "replicas 是写给哪一种资源的" in lab04.message("carol", "ts-config")
     dev_fit = lab04.message("carol", "dev-fit")
-    assert "最多只扩到了 1 个" in dev_fit and "FailedScheduling" in dev_fit
-    assert "没有超出这个笔记本自己的用量" in lab04.message("carol", "dev-sees-neighbours")
+    assert "device plugin 读不懂" in dev_fit and "最多扩到了 1 个" in dev_fit and "FailedScheduling" in dev_fit
+    assert "还有份额空着" not in dev_fit and "不再扣分" in dev_fit
+    assert "看不出有哪张卡被共享" in lab04.message("carol", "dev-sees-neighbours")
     assert "device plugin" in lab04.message("carol", "mig-layout")
+    assert "allocatable 里没有 nvidia.com/mig-1g.10gb" in lab04.message("carol", "mig-count")
 
+    # mig-count reads the node right: the resource asked for is not advertised (mig-layout judges why).
     assert lab04.earned("dave") == {"ts-config": 3, "ts-applied": 2, "dev-fit": 3, "dev-sees-neighbours": 1,
-                                    "explanation": 2.25, "mig-layout": 2, "infer-isolated": 1, "mig-count": 0,
+                                    "explanation": 2.25, "mig-layout": 2, "infer-isolated": 1, "mig-count": 1,
                                     "infer-distinct-instances": 0}
     assert "mig.strategy" in lab04.message("dave", "mig-layout")
     assert "只有 0 个副本" in lab04.message("dave", "infer-isolated")

@@ -140,20 +140,25 @@ def test_lab03_scores(lab03):
     assert_untouched_scores_zero(lab03)
     assert "没有 nvidia.com/gpu 污点" in lab03.message("bob", "node-label-taint")
 
+    # web-tolerant stays Pending: the toleration and the placement cost points; tolerant_node = None reads it right.
     assert lab03.earned("carol") == {"node-label-taint": 3, "plain-pod-repelled": 2, "plain-reason-recorded": 2,
-                                     "tolerant-pod": 0, "toleration-not-attraction": 0, "explanation": 2,
+                                     "tolerant-pod": 1, "toleration-not-attraction": 0, "explanation": 2,
                                      "toleration-is-scoped": 1}
-    assert "容忍和 GPU 节点上的污点对不上" in lab03.message("carol", "tolerant-pod")
+    tolerant = lab03.message("carol", "tolerant-pod")
+    assert "容忍和 GPU 节点上的污点对不上" in tolerant and "web-tolerant 没有被调度（Pending" in tolerant
+    assert "不一致" not in tolerant
     assert "在哪一步、由谁做出的决定" in lab03.message("carol", "explanation")
     assert "False" not in lab03.message("carol", "toleration-not-attraction")
 
     # The scheduler's TaintToleration filter runs before NodeAffinity, so web-plain is still reported as
     # repelled by the taint; web-tolerant, which tolerates it, has no labelled node to go to.
     assert lab03.earned("dave") == {"node-label-taint": 2, "plain-pod-repelled": 2, "plain-reason-recorded": 2,
-                                    "tolerant-pod": 1, "toleration-not-attraction": 1, "explanation": 3,
+                                    "tolerant-pod": 2, "toleration-not-attraction": 1, "explanation": 3,
                                     "toleration-is-scoped": 1}
     assert "AI 角色标签" in lab03.message("dave", "node-label-taint")
-    assert "web-tolerant 没有被调度" in lab03.message("dave", "tolerant-pod")
+    tolerant = lab03.message("dave", "tolerant-pod")
+    assert "web-tolerant 没有被调度（Pending" in tolerant and "node affinity/selector" in tolerant
+    assert "tolerant_node" not in tolerant
 
 
 def test_lab03_leaves_nodes_as_it_found_them(lab03, kube):

@@ -399,3 +399,40 @@ def test_cli_reports_lab_drift(tmp_path, monkeypatch):
     fixed = CliRunner().invoke(cli.main, ["labs", "generate"])
     assert fixed.exit_code == 0 and f"wrote labs/{LABS[0]}.ipynb" in fixed.output
     assert CliRunner().invoke(cli.main, ["labs", "check"]).exit_code == 0
+
+
+# --------------------------------------------------------------------------- explanations: the solutions' texts
+
+
+def solution_literal(lab: str, name: str):
+    """The literal a solution notebook's answer region assigns to ``name`` (its last assignment there)."""
+    import ast
+
+    found = None
+    for cell in nbformat.read(REPO / "solutions" / f"{lab}.ipynb", as_version=4).cells:
+        if cell.cell_type != "code" or "BEGIN SOLUTION" not in cell.source:
+            continue
+        try:
+            tree = ast.parse("\n".join(line for line in cell.source.splitlines() if not line.startswith("%")))
+        except SyntaxError:
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
+                try:
+                    found = ast.literal_eval(node.value)
+                except ValueError:
+                    pass
+    assert found is not None, f"solutions/{lab}.ipynb assigns no literal to {name}"
+    return found
+
+
+def test_solution_explanations_earn_full_marks_where_claims_are_checked():
+    """Explanations are scored on what they claim (wrong mechanisms take credit back): the reference
+    answers must assert none of them (tests/unit/test_grading_true_feedback.py has the wrong ones)."""
+    from gpulab.grading.labs import lab_04
+
+    assert lab_03.explanation(Context({"explanation": solution_literal("03-taints-tolerations", "explanation")})).passed
+    assert lab_04.explanation(Context({"explanation": solution_literal("04-sharing", "explanation")})).passed
+    texts = solution_literal("08-troubleshooting", "explanations")
+    for pod in lab_08.SYMPTOMS:
+        assert lab_08._explain(Context({"explanations": texts}), pod).passed, pod

@@ -104,6 +104,18 @@ def _gpu_fix(ctx: Context, pod_name: str):
     limits = dig(container, "resources", "limits", default={}) or {}
     requests = dig(container, "resources", "requests", default={}) or {}
     if GPU not in limits:
+        other = {k: v for k, v in {**requests, **limits}.items() if k.startswith("nvidia.com/")}
+        if other:
+            asked = "、".join(f"{k}: {v}" for k, v in other.items())
+            what = ("：这是 MIG 实例（从一张卡上切出来的一块），不是整张卡的 nvidia.com/gpu"
+                    if any(k.startswith("nvidia.com/mig-") for k in other) else "，不是 nvidia.com/gpu")
+            seen = ""
+            if not any(allocatable_by_node(ctx, k) for k in other):
+                seen = "；评分时集群里没有节点上报这种资源"
+                if not dig(pod, "spec", "nodeName"):
+                    seen += f"，{pod_name} 停在 {dig(pod, 'status', 'phase') or 'Pending'}"
+            return failed(f"{pod_name} 申请的是 {asked}{what}{seen}。清单注释说这个服务要几张卡？"
+                          "这个实验练的是 nvidia.com/gpu 的三条规矩。")
         return failed(f"{pod_name} 没有申请任何 GPU：apiserver 接受了它，但调度器不会给它分卡，容器里也看不见卡。")
     count = quantity_int(limits[GPU])
     if count is None or count < 1:

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import re
 
-from gpulab.grading.checks import Context, check, dig, failed, partial, passed, pod_spec, quantity_int, ratio
+from gpulab.grading.checks import (Context, WrongClaim, check, dig, failed, judge_explanation, partial, passed,
+                                   pod_spec, quantity_int, ratio)
 
 LAB = "03-taints-tolerations"
 CLUSTER_WIDE = True
@@ -112,6 +113,10 @@ def plain_reason_recorded(ctx: Context):
 
 @check("tolerant-pod", points=3, title="带容忍的 web-tolerant 落在了 GPU 节点上")
 def tolerant_pod(ctx: Context):
+    """Three criteria: the toleration matches the taint; the Pod landed on the GPU node (outcome: judged
+    as it is, the message says what the Pod's status shows); ``tolerant_node`` records where it is (a step:
+    judged against what was observed, so ``None`` for a Pod that never got a node is a correct reading —
+    its not being scheduled costs the placement criterion only, once)."""
     pod = ctx.require("Pod", "web-tolerant", ctx.namespace)
     spec = pod_spec(pod)
     gpu = {n["metadata"]["name"] for n in gpu_nodes(ctx)}
@@ -126,12 +131,19 @@ def tolerant_pod(ctx: Context):
     elif node:
         problems.append(f"web-tolerant 落在了 {node}：容忍只是「允许」上 GPU 节点，要「挑」它还得靠标签选择")
     else:
-        problems.append("web-tolerant 没有被调度：看看它的事件")
+        phase = dig(pod, "status", "phase") or "Pending"
+        reasons = scheduling_messages(ctx, "web-tolerant")
+        why = f"，调度器的原话：{reasons[-1]}" if reasons else "，也没有调度失败的事件"
+        problems.append(f"web-tolerant 没有被调度（{phase}，spec.nodeName 为空{why}）：看看它的事件")
     recorded = ctx.value("tolerant_node", None)
     if node and recorded == node:
         score += 1
+    elif not node and recorded in (None, ""):
+        score += 1  # the Pod has no node and none was recorded: the reading matches what was observed
+    elif node:
+        problems.append(f"tolerant_node 记录的是 {recorded!r}，和 web-tolerant 实际所在的节点不一致")
     else:
-        problems.append("tolerant_node 和 web-tolerant 实际所在的节点不一致")
+        problems.append(f"tolerant_node 记录的是 {recorded!r}，可 web-tolerant 没有被调度到任何节点（spec.nodeName 为空）")
     return ratio(score, 3, problems)
 
 
@@ -149,15 +161,34 @@ def toleration_not_attraction(ctx: Context):
 _CONCEPTS = (
     (re.compile(r"污点|taint", re.I), "解释里没有说清是节点上的什么把 Pod 挡在了外面"),
     (re.compile(r"容忍|toleration|tolerat", re.I), "解释里没有说 Pod 缺了什么才没被放行"),
-    (re.compile(r"NoSchedule|调度器|scheduler|过滤|filter|调度阶段|不会被调度|不调度", re.I),
+    # Who decides, and when: the scheduler's filter (NoSchedule). Naming the scheduler is not enough —
+    # the explanation must say it refuses, filters or skips the node.
+    (re.compile(r"NoSchedule|过滤|filter|排除|筛掉|不会被调度|不调度|无法调度|调度不上|不能被?调度|unschedulable|"
+                r"(调度器|scheduler|调度).{0,20}(不|拒|跳过|排除|过滤|filter|refus|reject|skip|won't|will not|"
+                r"cannot|can't|doesn't|does not)", re.I),
      "解释里没有说这是在哪一步、由谁做出的决定（以及污点的效果是什么）"),
+)
+
+#: Mechanisms web-plain's own events contradict, shared with lab 08's dev-notebook.
+WRONG_TAINT_CLAIMS = (
+    WrongClaim(re.compile(r"(资源|GPU|gpu|卡|显存|内存|CPU|cpu|算力).{0,6}(不够|不足|耗尽|用完|占满|满了|被占)|"
+                          r"insufficient|not enough|out of (gpus?|resources|memory)", re.I),
+               "：把原因说成了资源不够——Pod 的 FailedScheduling 事件里说 GPU 节点被排除的原因是这个吗？",
+               # the other nodes really lack GPUs (or the selected label): a clause about them is not this claim
+               unless=re.compile(r"另外|其他|其它|其余|别的节点|CPU ?节点|cpu nodes?|other nodes?", re.I)),
+    WrongClaim(re.compile(r"(GPU ?节点|gpu node).{0,12}(标签|label).{0,8}(不匹配|对不上|不符|不一致|缺|mismatch)", re.I),
+               "：把原因说成了 GPU 节点的标签对不上——对照节点上的标签和 Pod 的 nodeSelector 再看一遍"),
+    WrongClaim(re.compile(r"驱逐|evict", re.I),
+               "：说 Pod 被驱逐了——它从来没有在 GPU 节点上运行过，驱逐的是已经在运行的 Pod"),
+    WrongClaim(re.compile(r"(没有|没|不)(申请|请求|要).{0,6}(GPU|卡|nvidia\.com/gpu)|"
+                          r"(doesn't|does not|didn't|did not) (request|ask for).{0,10}gpu", re.I),
+               "：说因为没申请 GPU 所以上不去——Kubernetes 不会因为 Pod 没申请 GPU 就拦着它上 GPU 节点"),
 )
 
 
 @check("explanation", points=3, title="解释为什么不带容忍的 Pod 不会跑到 GPU 节点上")
 def explanation(ctx: Context):
-    text = ctx.value("explanation")
-    if not isinstance(text, str) or len(text.strip()) < 15:
-        return failed("explanation 应该是你自己写的一两句话（至少十几个字）。")
-    hits = [pattern.search(text) is not None for pattern, _ in _CONCEPTS]
-    return ratio(sum(hits), len(_CONCEPTS), [msg for hit, (_, msg) in zip(hits, _CONCEPTS) if not hit])
+    """Scored on what it claims (:func:`~gpulab.grading.checks.judge_explanation`): taint, toleration and
+    the scheduler's filtering each earn a share; each mechanism web-plain's events contradict takes two back."""
+    return judge_explanation(ctx.value("explanation"), _CONCEPTS, WRONG_TAINT_CLAIMS,
+                             too_short="explanation 应该是你自己写的一两句话（至少十几个字）。")

@@ -155,8 +155,48 @@ def startup_probe(ctx: Context):
     return passed()
 
 
+def _restarts(pods: list[dict]) -> tuple[int, list[dict]]:
+    """(restarts of all containers, the last terminations the kubelet recorded for them)."""
+    count, last = 0, []
+    for p in pods:
+        for status in dig(p, "status", "containerStatuses", default=[]) or []:
+            count += status.get("restartCount", 0) or 0
+            term = dig(status, "lastState", "terminated")
+            if term:
+                last.append(term)
+    return count, last
+
+
+def _probe_failures(ctx: Context) -> list[str]:
+    """Messages of the kubelet's ``Unhealthy`` events (a probe failed) for the llm Pods."""
+    names = {p["metadata"]["name"] for p in llm_pods(ctx)}
+    return [e.get("message") or "" for e in ctx.objects("Event", ctx.namespace)
+            if e.get("reason") == "Unhealthy" and dig(e, "involvedObject", "name") in names]
+
+
+def _restart_cause(ctx: Context, restarts: int, last: list[dict]) -> str:
+    """Why the containers restarted, from what the Pods' status and Events show (never guessed)."""
+    oom = [t for t in last if t.get("reason") == "OOMKilled"]
+    if oom:
+        return (f"容器重启过 {restarts} 次，上一次退出的原因是 OOMKilled（exit code {oom[0].get('exitCode', 137)}）："
+                "是内存超限被杀掉的，不是探针失败——它要的内存和 Pod 给它的上限对得上吗？")
+    probes = _probe_failures(ctx)
+    if probes:
+        return f"容器重启过 {restarts} 次，Pod 的事件里有探针失败：{probes[-1]}"
+    if any(t.get("exitCode") == 137 for t in last):
+        return (f"容器重启过 {restarts} 次，上一次退出码是 137（进程被 SIGKILL 杀掉），事件里没有探针失败："
+                "看看 kubectl describe pod 里的 Last State 和节点的事件")
+    if last:
+        t = last[-1]
+        return (f"容器重启过 {restarts} 次，上一次退出：{t.get('reason') or '未知原因'}（exit code {t.get('exitCode')}）："
+                "看看 kubectl logs --previous 和 Pod 的事件")
+    return f"容器重启过 {restarts} 次：看看 Pod 的事件和 kubectl logs --previous"
+
+
 @check("ready", points=2, title="副本通过探针、全部就绪")
 def ready(ctx: Context):
+    """An outcome check: the replicas are Ready and no container restarted. The message names the cause the
+    Pods show — an ``OOMKilled`` last state, the kubelet's probe-failure events, an exit code — not a guess."""
     want = dig(deployment(ctx), "spec", "replicas") or 0
     pods = llm_pods(ctx)
     problems, score = [], 0
@@ -166,12 +206,13 @@ def ready(ctx: Context):
         score += 1
     else:
         problems.append(f"只有 {len(ready_pods)} 个副本就绪")
-    restarts = sum(s.get("restartCount", 0) for p in pods for s in dig(p, "status", "containerStatuses",
-                                                                       default=[]) or [])
+    restarts, last = _restarts(pods)
     if pods and not restarts:
         score += 1
+    elif not pods:
+        problems.append("命名空间里没有 llm 的 Pod")
     else:
-        problems.append("有容器被重启过：看 Pod 的事件里是哪个探针失败了")
+        problems.append(_restart_cause(ctx, restarts, last))
     return ratio(score, 2, problems)
 
 
@@ -225,10 +266,19 @@ def hpa_range(ctx: Context):
 
 @check("budget-recorded", points=1, title="按 kubelet 的算法算出了 startupProbe 的预算")
 def budget_recorded(ctx: Context):
+    """A step check against the Deployment's own probe. The hint about Kubernetes' defaults appears only
+    when the probe really leaves one of the three fields out."""
     recorded = ctx.value("startup_budget_seconds")
     if isinstance(recorded, bool) or not isinstance(recorded, (int, float)):
         return failed("startup_budget_seconds 应该是一个秒数。")
     probe = server(ctx).get("startupProbe") or {}
-    if recorded != budget(probe):
-        return failed("和 Deployment 里 startupProbe 的实际预算对不上：没写的字段取 Kubernetes 的默认值。")
-    return passed()
+    if recorded == budget(probe):
+        return passed()
+    if not probe:
+        return failed(f"startup_budget_seconds 是 {recorded}，可 Deployment llm 的容器没有 startupProbe。")
+    unset = [k for k in PROBE_DEFAULTS if probe.get(k) is None]
+    if unset:
+        return failed(f"startup_budget_seconds 是 {recorded}，和 Deployment 里 startupProbe 的实际预算对不上："
+                      f"它没写 {'、'.join(unset)}，这些字段取 Kubernetes 的默认值。")
+    return failed(f"startup_budget_seconds 是 {recorded}，和 Deployment 里 startupProbe 的实际预算对不上："
+                  "三个字段都写了，照 kubelet 的算法（initialDelaySeconds + failureThreshold × periodSeconds）再算一遍。")
