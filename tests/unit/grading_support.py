@@ -83,3 +83,22 @@ def apply_merge_patch(target, patch):
             apply_merge_patch(target[key], value)
         else:
             target[key] = copy.deepcopy(value)
+
+
+# A device-plugin time-slicing config with {n} replicas, and one with replicas misplaced (labs 04 and 06).
+TIME_SLICING = """version: v1
+flags:
+  migStrategy: none
+sharing:
+  timeSlicing:
+    resources:
+      - name: nvidia.com/gpu
+        replicas: {n}
+"""
+TIME_SLICING_MISPLACED = """version: v1
+sharing:
+  timeSlicing:
+    replicas: 4
+    resources:
+      - name: nvidia.com/gpu
+"""

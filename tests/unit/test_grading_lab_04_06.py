@@ -2,28 +2,16 @@
 
 from __future__ import annotations
 
+from grading_support import TIME_SLICING, TIME_SLICING_MISPLACED
+
 import pytest
 
 from gpulab.grading.checks import Context
 from gpulab.grading.cluster import load_lab_spec
 from gpulab.grading.labs import lab_04, lab_06
 
-CONFIG = """version: v1
-flags:
-  migStrategy: none
-sharing:
-  timeSlicing:
-    resources:
-      - name: nvidia.com/gpu
-        replicas: {n}
-"""
-MISPLACED = """version: v1
-sharing:
-  timeSlicing:
-    replicas: 4
-    resources:
-      - name: nvidia.com/gpu
-"""
+CONFIG = TIME_SLICING
+MISPLACED = TIME_SLICING_MISPLACED
 
 
 def _node(labels=None, alloc=None):

@@ -9,6 +9,8 @@ full marks is tests/unit/test_grading_labs.py's, which may read solutions/).
 
 from __future__ import annotations
 
+from grading_support import TIME_SLICING, TIME_SLICING_MISPLACED
+
 import re
 
 import pytest
@@ -144,22 +146,8 @@ def test_lab03_explanation_is_scored_on_its_mechanism():
 
 # --------------------------------------------------------------------------- lab 04: dev phase and MIG count
 
-TS = """version: v1
-flags:
-  migStrategy: none
-sharing:
-  timeSlicing:
-    resources:
-      - name: nvidia.com/gpu
-        replicas: {n}
-"""
-TS_MISPLACED = """version: v1
-sharing:
-  timeSlicing:
-    replicas: 4
-    resources:
-      - name: nvidia.com/gpu
-"""
+TS = TIME_SLICING
+TS_MISPLACED = TIME_SLICING_MISPLACED
 
 
 def _ev(i, reason, obj, message, ns="g-dev"):
