@@ -3,15 +3,16 @@
 #   make lab        install what a learner needs (once), start the cluster, open JupyterLab
 #   make test       everything CI checks: unit, cluster, notebook and browser tests, after installing
 #                   the test tools (BACKEND=kind: against a kind cluster; needs Docker, see README)
-#   make install    the learner's install only: .venv with gpulab and its kernel, and (as root or with
-#                   sudo) fonts-noto-cjk for Chinese labels in plots; make lab runs it
+#   make install    the learner's install only: .venv with gpulab and its kernel (the CJK font for Chinese
+#                   plot labels comes with it, as a Python package: no root needed); make lab runs it
 #   make install-test   the test tools on top: pytest, nbval, playwright... and, as root or with sudo,
 #                   Debian's chromium and fonts-noto-cjk for tests/browser; make test and make test-* run it
 #   GPULAB_BIN_DIR=dir make lab   ready control-plane binaries instead of building them (no Go needed;
 #                   `gpulab build` checks each binary and its version); the same for make test
 #   make test-learner   (as an ordinary account; .ci/as-learner runs it) the GPU stack, notebooks 01-04,
 #                   lab 02; make test-learner-process: workloads, notebooks 01 and 05 in GPULAB_SANDBOX=process
-#   make notebooks  re-run the notebooks and store their outputs (NB="03 05" picks some)
+#   make notebooks  re-run all notebooks in order on one fresh cluster and store their outputs
+#                   (NB="03 05": only those, on the current cluster)
 #   make labs       regenerate labs/ from solutions/ (a test fails when they drift)
 #   make grade LAB=03 SUBMISSIONS=dir [HIDDEN=dir] [OUT=dir] [LEARNER="a b"]   grade a class (or some
 #                   learners) into a gradebook; other learners' rows already in OUT's gradebook stay
@@ -56,10 +57,6 @@ APT_GET = if command -v apt-get >/dev/null && { [ "$$(id -u)" = 0 ] || sudo -n t
 	    echo "gpulab: no $(2), and apt-get needs root here: $(4)" \
 	         "(install it with: sudo apt-get install -y $(1))"; \
 	  fi
-# A CJK font file, as gpulab/notebook/plots.py looks for one (_CJK_FILE).
-HAVE_CJK_FONT = [ -n "$$(find /usr/share/fonts /usr/local/share/fonts $$HOME/.local/share/fonts $$HOME/.fonts \
-	-iregex '.*\(notosans\(mono\)?cjk\|notosanssc\|sourcehansans\|wqy\|wenquanyi\).*' -print -quit 2>/dev/null)" ]
-
 # The learner's install (make lab, make up): gpulab with its runtime dependencies, and the notebook kernel.
 $(STAMP): pyproject.toml constraints.txt
 	@test -n "$(PYTHON)" || { echo "gpulab: Python >= 3.11 is needed; set PYTHON=/path/to/python3.11"; exit 1; }
@@ -69,8 +66,7 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e .
 	$(BIN)/python -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (gpulab)" >/dev/null
-	@# Notebook plots are labelled in Chinese when a CJK font is installed, in English otherwise (gpulab/notebook/plots.py).
-	@$(HAVE_CJK_FONT) || { $(call APT_GET,fonts-noto-cjk,CJK font,Chinese labels in notebook plots,notebook plots will be labelled in English); }
+	@# Chinese labels in notebook plots need no apt: the noto-cjk-sans-otc dependency ships the font (gpulab/notebook/plots.py).
 	@# GPULAB_SANDBOX=process (no user namespaces here) places pods' volumes with proot.
 	@[ "$$GPULAB_SANDBOX" != process ] || command -v proot >/dev/null || { 	  $(call APT_GET,proot,proot,for GPULAB_SANDBOX=process,pods with volumes cannot start in the process sandbox); }
 	touch $(STAMP)
@@ -84,9 +80,11 @@ install: $(STAMP)
 
 install-test: $(TEST_STAMP)
 	@# The browser test (tests/browser) drives JupyterLab in Debian's chromium; playwright cannot download one here.
-	@# fonts-noto-cjk: the quiz's Chinese text in its screenshot.
+	@# fonts-noto-cjk: Chromium's font for the Chinese text of the quiz and the notebooks in their screenshots.
 	@command -v chromium >/dev/null || command -v chromium-browser >/dev/null || { \
 	  $(call APT_GET,chromium fonts-noto-cjk,chromium,for tests/browser,tests/browser will be skipped); }
+	@fc-list ':lang=zh-cn' 2>/dev/null | grep -q . || { \
+	  $(call APT_GET,fonts-noto-cjk,CJK font for Chromium,for tests/browser,tests/browser will find glyph boxes in Chinese text); }
 	@# proot: the tests of the weaker process sandbox (GPULAB_SANDBOX=process).
 	@command -v proot >/dev/null || { \
 	  $(call APT_GET,proot,proot,for the process sandbox's tests,the process sandbox's tests will be skipped); }
@@ -140,7 +138,11 @@ test-learner-process: install-test build
 	GPULAB_SANDBOX=process $(BIN)/python -m pytest tests/unit/test_sandbox.py tests/cluster/test_workloads.py \
 	    tests/notebooks/test_notebooks.py -k "test_sandbox or test_workloads or 01- or 05-" $(PYTEST_ARGS)
 
-notebooks: up
+# No NB: all notebooks, in order, on one fresh cluster of their own (a temporary GPULAB_HOME, removed after);
+# NB="03 05": those, on the current cluster (started first, as make up does).
+notebooks: build
+	$(if $(NB),$(CHECK_BACKEND))
+	$(if $(NB),$(BIN)/gpulab up $(if $(filter kind,$(BACKEND)),--backend kind))
 	$(BIN)/python tools/run_notebooks.py $(NB)
 
 labs: install

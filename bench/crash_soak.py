@@ -17,8 +17,9 @@ Then, for each component in turn and N cycles each, it kills the component
 with SIGKILL, runs ``gpulab up`` and waits until everything checks out:
 every object is there, every pod that was Running still is (same UID, no
 restart counted: the workload's containers never stopped, as on a real node
-whose kubelet or control plane restarts), the Job's checkpoint advanced, and
-the GPU node's allocatable is what time-slicing makes it. At the end the Job
+whose kubelet or control plane restarts), the Job's checkpoint advanced, the
+GPU node's allocatable is what time-slicing makes it, and metrics-server
+serves the Job's node through ``metrics.k8s.io`` again (``kubectl top``). At the end the Job
 is told to finish and must complete. It prints a table (per component: cycles
 passed, time for ``gpulab up`` to return, time until all checks pass) for
 BENCHMARKS.md. The GPU stack is put back as found, the namespace deleted.
@@ -189,6 +190,10 @@ class Workload:
             return f"Deployment web ready {(dep.get('status') or {}).get('readyReplicas')}/2"
         if self._gpu_allocatable() != self.allocatable:
             return f"{GPU_NODE} allocatable nvidia.com/gpu {self._gpu_allocatable()}, want {self.allocatable}"
+        try:
+            c.request("GET", f"/apis/metrics.k8s.io/v1beta1/nodes/{JOB_NODE}")
+        except (api.ApiError, api.NotFound) as e:
+            return f"metrics.k8s.io has no metrics of {JOB_NODE} (kubectl top nodes): {e}"
         step = self._step()
         if step <= self.step:
             return f"checkpoint at step {step}, not past {self.step}"

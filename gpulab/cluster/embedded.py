@@ -11,7 +11,10 @@ Start order and why:
 4. ``kwok`` — node heartbeats and leases, and the kubelet's HTTP API
    (``kubectl logs``/``exec``) for every simulated node.
 5. ``node-agent`` — gpulab's simulated kubelet: runs pods' containers,
-   reports their status, provisions local volumes.
+   reports their status, provisions local volumes, serves each node's
+   resource metrics.
+   ``metrics-server`` — the real one, behind the APIService
+   ``v1beta1.metrics.k8s.io`` (``kubectl top``; :mod:`.metricsserver`).
 6. Once nodes are Ready, the NVIDIA GPU Operator is installed as its Helm
    chart would (:mod:`gpulab.fakegpu.operator`); its pods run on the nodes.
 
@@ -34,7 +37,8 @@ from .base import ClusterError, Say
 from .base import say_to_stderr as _say
 from ..kube.names import NODE_ANNOTATION, POD_CIDR, SERVICE_CIDR
 from ..runtime import sandbox, shim
-from . import binaries, nodes
+from ..runtime.resourcemetrics import SERVING_CERT as NODE_AGENT_SERVING_CERT
+from . import binaries, metricsserver, nodes
 from ..kube import kubeconfig, pki
 from .processes import Component, ProcessTable, StartError, free_port, http_ok, https_ok, port_is_free, who_listens
 from ..kube.statedir import StateDir
@@ -42,9 +46,12 @@ from ..kube.topology import load as load_topology
 
 
 # Start order; stop is the reverse.
-COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok", "node-agent")
-# "custom-metrics" is served by the custom metrics adapter, a program of the node agent.
-PORTS = ("etcd-client", "etcd-peer", "apiserver", "controller-manager", "scheduler", "kwok", "custom-metrics")
+COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok", "node-agent",
+              "metrics-server")
+# "custom-metrics" is served by the custom metrics adapter, a program of the node agent;
+# "resource-metrics" by the node agent itself (every node's /metrics/resource).
+PORTS = ("etcd-client", "etcd-peer", "apiserver", "controller-manager", "scheduler", "kwok", "custom-metrics",
+         "resource-metrics", "metrics-server")
 
 
 
@@ -123,6 +130,7 @@ class EmbeddedCluster(StateDir):
         started = time.monotonic()
         self._make_reachable(say)
         pki.ensure(self.pki)
+        pki.issue_server(self.pki, NODE_AGENT_SERVING_CERT, "gpulab:node-agent", ())
         ports = self._ports(state.get("ports", {}), running)
         state.update(topology=str(topo.source.resolve()), ports=ports, backend="embedded")
         self._save_state(state)
@@ -138,6 +146,10 @@ class EmbeddedCluster(StateDir):
                 if not todo:
                     continue
                 say(f"starting {', '.join(todo)}")
+                if "metrics-server" in todo:
+                    # Its RBAC and APIService first (the port may have moved): it reads its
+                    # authentication config from kube-system as it starts.
+                    metricsserver.install(self.kubeconfig, self.pki, ports["metrics-server"])
                 spawned = []
                 for name in todo:
                     comp = self._component(name, bins, ports)
@@ -169,7 +181,8 @@ class EmbeddedCluster(StateDir):
     def _ports(self, previous: dict[str, int], running: dict[str, int]) -> dict[str, int]:
         owner = {"etcd-client": "etcd", "etcd-peer": "etcd", "apiserver": "kube-apiserver",
                  "controller-manager": "kube-controller-manager", "scheduler": "kube-scheduler",
-                 "kwok": "kwok", "custom-metrics": "node-agent"}
+                 "kwok": "kwok", "custom-metrics": "node-agent", "resource-metrics": "node-agent",
+                 "metrics-server": "metrics-server"}
         ports: dict[str, int] = {}
         for key in PORTS:
             prev = previous.get(key)
@@ -289,6 +302,11 @@ class EmbeddedCluster(StateDir):
             return Component(name, [
                 sys.executable, "-m", "gpulab.cluster.nodeagent", f"--cluster-dir={self.root}",
             ], ready.exists, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+        if name == "metrics-server":
+            port = ports["metrics-server"]
+            return Component(name, metricsserver.argv(bins["metrics-server"], self.root, port,
+                                                      ports["resource-metrics"]),
+                             https_ok(f"https://127.0.0.1:{port}/livez", p / "ca.crt", admin))
         raise KeyError(name)
 
     def _client_flags(self, name: str, port: int) -> list[str]:

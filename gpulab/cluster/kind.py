@@ -5,7 +5,8 @@ topology's nodes (same names, labels and taints), builds the fake GPU stack's
 image (``images/fakegpu/Dockerfile``), loads it into the nodes with
 ``kind load docker-image`` and applies ``manifests/kind/``: the GPU stack as
 DaemonSets in the ``gpu-operator`` namespace, where NVIDIA's GPU Operator runs
-its operands. On each GPU node the fake device plugin registers with the real
+its operands, and metrics-server (``kubectl top``; it scrapes the real kubelets'
+``/metrics/resource``). On each GPU node the fake device plugin registers with the real
 kubelet over ``/var/lib/kubelet/device-plugins/kubelet.sock``, so the
 kubelet, not gpulab, puts ``nvidia.com/gpu`` into the Node's capacity and
 allocates devices to pods.

@@ -4,7 +4,10 @@
 cluster starts as its ``node-agent`` component. It composes the two halves that
 know nothing of each other: the pod runner (:class:`gpulab.runtime.agent.NodeAgent`)
 and the GPU stack (:class:`gpulab.fakegpu.stack.GpuStack`), which takes part in
-each pod's life through :class:`gpulab.runtime.devices.DeviceHooks`.
+each pod's life through :class:`gpulab.runtime.devices.DeviceHooks`. Like a
+kubelet it also serves each node's resource metrics (CPU and memory of its
+containers, :mod:`gpulab.runtime.resourcemetrics`) to metrics-server, on the
+cluster's ``resource-metrics`` port.
 """
 
 from __future__ import annotations
@@ -16,7 +19,12 @@ import sys
 from pathlib import Path
 
 from ..fakegpu.stack import GpuStack
+from ..kube.statedir import StateDir
 from ..runtime.agent import NodeAgent
+from ..runtime.resourcemetrics import SERVING_CERT, ResourceMetrics, ResourceMetricsServer
+
+# The port key in state.json of the resource metrics endpoint.
+RESOURCE_METRICS_PORT = "resource-metrics"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -35,10 +43,15 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGINT, on_term)
+    port = int(StateDir(args.cluster_dir).state().get("ports", {}).get(RESOURCE_METRICS_PORT) or 0)
+    metrics = ResourceMetricsServer(ResourceMetrics(agent).page, args.cluster_dir / "pki", SERVING_CERT, port)
+    metrics.start()
+    logging.getLogger("gpulab.runtime").info("serving resource metrics on https://127.0.0.1:%d", metrics.port)
     gpus.start()
     try:
         agent.run(ready_file=args.cluster_dir / "node-agent.ready")
     finally:
+        metrics.stop()
         gpus.stop()
     return 0
 

@@ -21,6 +21,7 @@ from ..kube import api
 from .base import ClusterError
 from ..kube.names import NODE_ANNOTATION, PROVISIONER, STORAGE_CLASS
 from ..kube.topology import NodeSpec, Topology
+from ..runtime.resourcemetrics import PATH_ANNOTATION, node_path
 
 if TYPE_CHECKING:
     from .embedded import EmbeddedCluster
@@ -70,6 +71,8 @@ def node_object(spec: NodeSpec, annotation: tuple[str, str]) -> dict[str, Any]:
                 annotation[0]: annotation[1],
                 "node.alpha.kubernetes.io/ttl": "0",
                 "volumes.kubernetes.io/controller-managed-attach-detach": "true",
+                # Where metrics-server scrapes this node's resource metrics (the node agent's endpoint).
+                PATH_ANNOTATION: node_path(spec.name),
             },
         },
         "spec": {"taints": [t.to_api() for t in spec.taints]} if spec.taints else {},
@@ -121,9 +124,13 @@ def bootstrap(cluster: "EmbeddedCluster", topo: Topology, crds: tuple[Path, ...]
         client.create(storage_class(STORAGE_CLASS, PROVISIONER))
     created = 0
     for spec in topo.nodes:
-        if client.get("Node", spec.name) is None:
+        node = client.get("Node", spec.name)
+        if node is None:
             client.create(node_object(spec, NODE_ANNOTATION))
             created += 1
+        elif (node["metadata"].get("annotations") or {}).get(PATH_ANNOTATION) != node_path(spec.name):
+            # A node registered before gpulab served resource metrics.
+            client.patch("Node", spec.name, {"metadata": {"annotations": {PATH_ANNOTATION: node_path(spec.name)}}})
     if created:
         say(f"registered {created} nodes from topology {topo.name!r}")
 

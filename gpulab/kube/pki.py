@@ -34,6 +34,8 @@ COMPONENTS = (
     ("node-agent", "gpulab:node-agent", ("system:masters",)),
     ("apiserver-kubelet-client", "kube-apiserver-kubelet-client", ()),
     ("front-proxy-client", "front-proxy-client", ()),
+    # metrics-server: its API client identity and the client certificate it shows the "kubelets".
+    ("metrics-server", "system:metrics-server", ()),
 )
 
 

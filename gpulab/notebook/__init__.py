@@ -33,7 +33,7 @@ Helpers, all usable after ``from gpulab.notebook import *``:
 ``plot_card_memory()`` how model replicas fit in a card's memory, per sharing scheme
 ``plot_gpu_memory()``  what the pods on each physical GPU asked of its memory, and who failed
 ``watch_pods()``       record pod states over time; ``.plot()`` draws a timeline
-``expect(ok, what)``   a lesson's self-check: prints ✅, or fails the cell with ❌
+``expect(ok, what)``   a lesson's self-check: prints ✓, or fails the cell with ×
 ``show_quiz(s)``       the section's quiz (from :mod:`gpulab.quiz`)
 =====================  ==========================================================
 

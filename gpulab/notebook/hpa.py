@@ -8,7 +8,7 @@ from typing import Any
 
 from . import quantity
 from .lesson import current
-from .plots import bilingual, new_figure, show_figure
+from .plots import new_figure, show_figure
 
 __all__ = ["HpaTimeline", "watch_hpa"]
 
@@ -54,20 +54,20 @@ class HpaTimeline:
         ax = fig.add_subplot()
         ts = [s[0] for s in self.samples]
         ax.step(ts, [s[1] for s in self.samples], where="post", color="#0969da",
-                label=bilingual("期望副本数", "desired replicas"))
+                label="期望副本数")
         ax.step(ts, [s[2] for s in self.samples], where="post", color="#1a7f37", linestyle="--",
-                label=bilingual("就绪副本数", "ready replicas"))
-        ax.set_ylabel(bilingual("副本", "replicas"))
+                label="就绪副本数")
+        ax.set_ylabel("副本")
         ax.set_ylim(0, max([s[1] for s in self.samples] + [2]) + 0.5)
         ax2 = ax.twinx()
         ax2.plot([s[0] for s in self.samples if s[3] is not None], [s[3] for s in self.samples if s[3] is not None],
-                 color="#bf3989", alpha=0.8, label=bilingual("平均 GPU 利用率 %", "average GPU utilisation %"))
+                 color="#bf3989", alpha=0.8, label="平均 GPU 利用率 %")
         ax2.set_ylim(0, 105)
         ax2.set_ylabel("DCGM_FI_DEV_GPU_UTIL %")
         for t, text in self.marks:
             ax.axvline(t, color="#57606a", linestyle=":")
             ax.text(t, ax.get_ylim()[1] - 0.2, f" {text}", fontsize=8, va="top", color="#57606a")
-        ax.set_xlabel(bilingual("秒（从开始记录算起）", "seconds since recording started"))
+        ax.set_xlabel("秒（从开始记录算起）")
         ax.set_title(title or f"HPA {self.name}")
         lines = ax.get_legend_handles_labels()[0] + ax2.get_legend_handles_labels()[0]
         ax.legend(lines, [ln.get_label() for ln in lines], loc="upper left", bbox_to_anchor=(1.08, 1.0),

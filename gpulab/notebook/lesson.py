@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from kubernetes.config import kube_config
 
 from .. import paths
 from ..cluster import baseline
@@ -251,7 +252,7 @@ def setup(lesson: str, *, namespace: str | None = None, node_labels: Sequence[st
     lab._wait_nodes(timeout)
     topo = lab.topology()
     if topology and topo.name != topology:
-        _say(f"⚠️ 本课按拓扑 {topology} 编写，当前集群是 {topo.name}：节点名和数字会与讲解不同。"
+        _say(f"⚠ 本课按拓扑 {topology} 编写，当前集群是 {topo.name}：节点名和数字会与讲解不同。"
              f"`gpulab reset --topology manifests/topologies/{topology}.yaml` 可以切回（会清空集群里的对象）。")
     # Start from a clean slate, whatever an earlier (maybe interrupted) run left behind.
     leftovers = lab.reset(quiet=True)
@@ -260,9 +261,12 @@ def setup(lesson: str, *, namespace: str | None = None, node_labels: Sequence[st
     lab._create_namespace()
     lab._write_kubeconfig()
     os.environ["KUBECONFIG"] = str(lab.kubeconfig)
+    # The official client read $KUBECONFIG once, when it was first imported: point its default there
+    # too, so a lesson's plain config.load_kube_config() reads the same file kubectl does.
+    kube_config.KUBE_CONFIG_DEFAULT_LOCATION = str(lab.kubeconfig)
     _lab = lab
     gpus = sum(n.gpu_count for n in topo.nodes)
-    _say(f"✅ 集群就绪：{len(topo.nodes)} 个节点（{len(topo.gpu_nodes)} 个 GPU 节点，共 {gpus} 张卡）；"
+    _say(f"✓ 集群就绪：{len(topo.nodes)} 个节点（{len(topo.gpu_nodes)} 个 GPU 节点，共 {gpus} 张卡）；"
          f"kubectl 默认命名空间：{lab.namespace}")
     return lab
 
@@ -273,7 +277,7 @@ def _recover_graders(cluster: Any, kube: api.Client) -> None:
     from ..grading import journal
 
     for line in journal.report(grading_cluster.recover(cluster, kube), lang="zh"):
-        _say(line if line.startswith(" ") else f"⚠️ {line}")
+        _say(line if line.startswith(" ") else f"⚠ {line}")
 
 
 def reset_lesson(quiet: bool = False) -> Changes:

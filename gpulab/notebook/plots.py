@@ -1,64 +1,65 @@
-"""Plots: the lessons' matplotlib figures, labelled in Chinese when a CJK font is installed.
+"""Plots: the lessons' matplotlib figures, labelled in Chinese.
 
-matplotlib (and IPython) are imported only when a figure is drawn, so importing
-:mod:`gpulab.notebook` stays cheap. :func:`new_figure`, :func:`show_figure` and
-:func:`bilingual` are what the other figures (timelines, HPA, usage) are made with.
+The CJK font comes with gpulab itself: the ``noto-cjk-sans-otc`` dependency
+(SIL Open Font License 1.1) ships Noto Sans CJK, and :func:`cjk_font` registers
+it with matplotlib, so every learner has it without root or apt. matplotlib (and
+IPython) are imported only when a figure is drawn, so importing
+:mod:`gpulab.notebook` stays cheap. :func:`new_figure` and :func:`show_figure`
+are what the other figures (timelines, HPA, usage) are made with.
 """
 
 from __future__ import annotations
 
 import functools
-import os
-import re
 from collections.abc import Sequence
 from typing import Any
 
 from .gpus import gpu_allocation, gpu_pods
 
-__all__ = ["plot_allocation", "plot_card_memory", "plot_gpu_memory", "new_figure", "show_figure", "bilingual"]
+__all__ = ["plot_allocation", "plot_card_memory", "plot_gpu_memory", "new_figure", "show_figure"]
 
-_CJK_FONTS = ("Noto Sans CJK SC", "Noto Sans SC", "Source Han Sans SC", "WenQuanYi Micro Hei", "WenQuanYi Zen Hei",
-              "PingFang SC", "Hiragino Sans GB", "Microsoft YaHei", "SimHei", "Sarasa Gothic SC")
-# Files that may hold one of those fonts (Debian's fonts-noto-cjk: NotoSansCJK-Regular.ttc).
-_CJK_FILE = re.compile(r"(?i)(notosans(mono)?cjk|notosanssc|sourcehansans|wqy|wenquanyi|pingfang|msyh|simhei|sarasa)")
+# The face of the Noto Sans CJK collection for zh-CN (its simplified-Chinese glyph forms).
+CJK_FONT = "Noto Sans CJK SC"
+
+
+def cjk_font_file() -> str:
+    """The font collection the ``noto-cjk-sans-otc`` package installs (NotoSansCJK-Regular.ttc)."""
+    import noto_cjk_sans_otc
+
+    return str(noto_cjk_sans_otc.FONT_PATH)
 
 
 @functools.lru_cache(maxsize=1)
-def _cjk_font() -> str | None:
+def cjk_font() -> str:
+    """Register the packaged Noto Sans CJK with matplotlib (once) and return the family plots use."""
     from matplotlib import font_manager
 
-    names = {f.name for f in font_manager.fontManager.ttflist}
-    found = next((f for f in _CJK_FONTS if f in names), None)
-    if found is None:
-        # matplotlib caches its font list once: a CJK font installed after that (apt-get install
-        # fonts-noto-cjk, whose .ttc collections it also skips there) is added here.
-        for path in font_manager.findSystemFonts():
-            if _CJK_FILE.search(os.path.basename(path)):
-                try:
-                    font_manager.fontManager.addfont(path)
-                except (OSError, RuntimeError, ValueError):
-                    continue
-        names = {f.name for f in font_manager.fontManager.ttflist}
-        found = next((f for f in _CJK_FONTS if f in names), None)
-    return found
+    path = cjk_font_file()
+    if not any(str(f.fname) == path and f.name == CJK_FONT for f in font_manager.fontManager.ttflist):
+        font_manager.fontManager.addfont(path)  # every face of the collection (matplotlib >= 3.11)
+    if not any(f.name == CJK_FONT for f in font_manager.fontManager.ttflist):
+        raise RuntimeError(f"{path} has no {CJK_FONT!r} face: Chinese plot labels cannot be drawn "
+                           "(reinstall gpulab: `make install`)")
+    return CJK_FONT
 
 
-def bilingual(zh: str, en: str) -> str:
-    """Chinese labels when a CJK font is installed, English otherwise (no missing-glyph boxes)."""
-    return zh if _cjk_font() else en
+def use_cjk_font() -> str:
+    """Make the CJK font the first sans-serif font of matplotlib (what figures' text resolves to when drawn)."""
+    import matplotlib
+
+    font = cjk_font()
+    families = list(matplotlib.rcParams["font.sans-serif"])
+    if families[:1] != [font]:
+        matplotlib.rcParams["font.sans-serif"] = [font, *(f for f in families if f != font)]
+    matplotlib.rcParams["axes.unicode_minus"] = False  # U+2212 is in the font, but keep ASCII minus signs
+    return font
 
 
 def new_figure(width: float, height: float) -> Any:
     from matplotlib.figure import Figure
 
-    font = _cjk_font()
-    fig = Figure(figsize=(width, height), dpi=100, layout="constrained")
-    if font:
-        import matplotlib
-
-        matplotlib.rcParams["font.sans-serif"] = [font, *matplotlib.rcParams["font.sans-serif"]]
-        matplotlib.rcParams["axes.unicode_minus"] = False
-    return fig
+    use_cjk_font()
+    return Figure(figsize=(width, height), dpi=100, layout="constrained")
 
 
 def show_figure(fig: Any, show: bool) -> Any:
@@ -70,6 +71,7 @@ def show_figure(fig: Any, show: bool) -> Any:
         from IPython.display import Image, display
     except ImportError:  # pragma: no cover
         return None
+    use_cjk_font()  # figures not made by new_figure (usage reports) are drawn with it too
     if get_ipython() is not None:
         # Rendered here rather than left to a matplotlib backend, so the
         # picture is the same in JupyterLab, under nbclient and in nbval.
@@ -105,7 +107,7 @@ def plot_allocation(title: str | None = None, show: bool = True) -> Any:
         free = alloc[node]["allocatable"] - x
         if free > 0:
             ax.barh(y, free, left=x, color="#eaeef2", edgecolor="white", height=0.6)
-            ax.text(x + free / 2, y, bilingual(f"空闲 {free}", f"free {free}"), ha="center", va="center",
+            ax.text(x + free / 2, y, f"空闲 {free}", ha="center", va="center",
                     color="#57606a", fontsize=8)
     top = max([a["allocatable"] for a in alloc.values()] or [1])
     for card in range(1, top):  # one block per card
@@ -114,13 +116,12 @@ def plot_allocation(title: str | None = None, show: bool = True) -> Any:
     ax.invert_yaxis()
     ax.set_xlim(0, top)
     ax.set_xticks(range(top + 1))
-    ax.set_xlabel(bilingual("nvidia.com/gpu（张）", "nvidia.com/gpu (cards)"))
+    ax.set_xlabel("nvidia.com/gpu（张）")
     waiting = [r for r in gpu_pods() if r["STATUS"] == "Pending" and not r["NODE"]]
     if waiting:
         names_waiting = ", ".join(f"{r['POD'].split('/', 1)[1]} ×{r['GPUS']}" for r in waiting)
-        ax.set_xlabel(ax.get_xlabel() + "\n" + bilingual(f"等待调度：{names_waiting}", f"waiting to be scheduled: "
-                                                         f"{names_waiting}"), color="#57606a")
-    ax.set_title(title or bilingual("各节点 GPU 分配", "GPU allocation per node"))
+        ax.set_xlabel(ax.get_xlabel() + f"\n等待调度：{names_waiting}", color="#57606a")
+    ax.set_title(title or "各节点 GPU 分配")
     return show_figure(fig, show)
 
 
@@ -153,14 +154,11 @@ def plot_card_memory(card_mib: int, replica_mib: int, schemes: Sequence[tuple[st
                 ax.barh(y, mib, left=x, color=small, edgecolor="white", hatch="//")
             x += mib
         ax.barh(y, max(0, card_mib - x), left=x, color=unused, edgecolor="white")
-    ax.set_yticks(range(len(schemes)), [s[0] if _cjk_font() else s[0].replace("整卡独占", "whole card")
-                                        for s in schemes])
+    ax.set_yticks(range(len(schemes)), [s[0] for s in schemes])
     ax.invert_yaxis()
     ax.set_xlim(0, card_mib)
-    ax.set_xlabel(bilingual(f"一张卡的显存（MiB）。深色：每个副本 {replica_mib} MiB；浅色：余量；斜线：实例太小；灰色：未使用",
-                            f"MiB of one card. dark: a replica ({replica_mib} MiB), light: headroom, "
-                            f"hatched: instance too small, grey: unused"))
-    ax.set_title(title or bilingual("每张卡能放几个副本", "Replicas per card"))
+    ax.set_xlabel(f"一张卡的显存（MiB）。深色：每个副本 {replica_mib} MiB；浅色：余量；斜线：实例太小；灰色：未使用")
+    ax.set_title(title or "每张卡能放几个副本")
     return show_figure(fig, show)
 
 
@@ -186,12 +184,11 @@ def plot_gpu_memory(rows: Sequence[dict[str, Any]], capacity_mib: int, title: st
             x += r["MIB"]
         top = max(top, x)
     ax.axvline(capacity_mib, color="#57606a", linestyle="--", linewidth=1.5)
-    ax.text(capacity_mib, -0.45, bilingual(f" 整卡 {capacity_mib} MiB", f" card {capacity_mib} MiB"),
+    ax.text(capacity_mib, -0.45, f" 整卡 {capacity_mib} MiB",
             color="#57606a", fontsize=8, va="bottom")
     ax.set_yticks(range(len(gpus)), gpus)
     ax.invert_yaxis()
     ax.set_xlim(0, top * 1.02)
-    ax.set_xlabel(bilingual("Pod 申请的显存（MiB）。蓝色：运行中；红色：失败",
-                            "GPU memory asked for (MiB). blue: running, red: failed"))
-    ax.set_title(title or bilingual("每张物理卡上的显存", "GPU memory per physical GPU"))
+    ax.set_xlabel("Pod 申请的显存（MiB）。蓝色：运行中；红色：失败")
+    ax.set_title(title or "每张物理卡上的显存")
     return show_figure(fig, show)

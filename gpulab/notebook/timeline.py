@@ -8,7 +8,7 @@ from typing import Any
 
 from ..kube import api
 from .lesson import current
-from .plots import bilingual, new_figure, show_figure
+from .plots import new_figure, show_figure
 from .pod import pod_condition
 from .table import Table
 
@@ -143,15 +143,15 @@ class Timeline:
                 terminal = state in ("Succeeded", "Failed")
                 ax.barh(y, t_next - t, left=t - self.t0, height=0.18 if terminal else 0.55,
                         color=_STATE_COLOURS[state], alpha=0.8 if terminal else 1.0,
-                        label=None if state in seen else bilingual(_STATE_ZH[state], state))
+                        label=None if state in seen else _STATE_ZH[state])
                 seen.add(state)
                 if i and restarts > seq[i - 1][2]:
                     ax.plot(t - self.t0, y, marker="x", color="black", markersize=7)
         ax.set_yticks(range(len(names)), [(labels or {}).get(n, n) for n in names], fontsize=8)
         ax.invert_yaxis()
         ax.set_xlim(0, max(1.0, end - self.t0))
-        ax.set_xlabel(bilingual("秒（从开始记录算起）", "seconds since recording started"))
-        ax.set_title(title or bilingual("Pod 状态时间线", "Pod states over time"))
+        ax.set_xlabel("秒（从开始记录算起）")
+        ax.set_title(title or "Pod 状态时间线")
         ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
         ax.grid(axis="x", alpha=0.3)
         return show_figure(fig, show)

@@ -141,7 +141,7 @@ def test_quota_on_gpus_rejects_the_pod_with_the_apiservers_message(kube, kubectl
             'used: requests.nvidia.com/gpu=0, limited: requests.nvidia.com/gpu=1') in proc.stderr
 
 
-def test_a_critical_pod_preempts_batch_work_and_the_report_shows_it(kube, kubectl, cluster):
+def test_a_critical_pod_preempts_batch_work_and_the_report_shows_it(kube, kubectl, cluster, tmp_path):
     team_a, team_b = "team-a-obs", "team-b-obs"
     wait_gpus_free(kube)
     for name in (team_a, team_b):
@@ -150,13 +150,25 @@ def test_a_critical_pod_preempts_batch_work_and_the_report_shows_it(kube, kubect
     kubectl("apply", "-f", str(manifest("07-monitoring-cost/priority-classes.yaml")))
     try:
         started = time.time()
-        apply(kubectl, team_b, "07-monitoring-cost/batch-train.yaml")
-        wait_phase(kube, team_b, "batch-train", "Running")
+        # The lesson's Job trains 10 one-second steps; here it must outlast the wait for a usage sample.
+        batch = tmp_path / "batch-train.yaml"
+        text = manifest("07-monitoring-cost/batch-train.yaml").read_text()
+        assert "STEPS=10\n" in text
+        batch.write_text(text.replace("STEPS=10\n", "STEPS=600\n"))
+        kubectl("-n", team_b, "apply", "-f", str(batch))
+        [victim_name] = [p["metadata"]["name"] for p in wait_for(
+            lambda: [p for p in kube.list("Pod", team_b, label_selector="job-name=batch-train")
+                     if p["status"].get("phase") == "Running"], 60, what="the batch-train Job's pod Running")]
         wait_for(lambda: sampled(cluster, team_b), 20, what=f"a usage sample with {team_b} holding GPUs")
-        apply(kubectl, team_a, "07-monitoring-cost/critical-train.yaml")
+        # ... and the critical pod (14 s in the lesson) must still hold its card when the report is taken.
+        critical = tmp_path / "critical-train.yaml"
+        text = manifest("07-monitoring-cost/critical-train.yaml").read_text()
+        assert "sleep 14;" in text
+        critical.write_text(text.replace("sleep 14;", "sleep 600;"))
+        kubectl("-n", team_a, "apply", "-f", str(critical))
         # kube-scheduler finds no free GPU, evicts the lower-priority pod, then binds the critical one.
         wait_phase(kube, team_a, "critical-train", "Running", timeout=90)
-        victim = kube.get("Pod", "batch-train", team_b)
+        victim = kube.get("Pod", victim_name, team_b)
         assert victim is None or victim["metadata"].get("deletionTimestamp") or \
             victim["status"].get("phase") == "Failed"
         events = kube.list("Event", team_b, field_selector="reason=Preempted")
@@ -165,13 +177,13 @@ def test_a_critical_pod_preempts_batch_work_and_the_report_shows_it(kube, kubect
         wait_for(lambda: sampled(cluster, team_a), 20, what=f"a usage sample with {team_a} holding a GPU")
         report = usage.collect(cluster.root, api.Client(cluster.kubeconfig), since=time.time() - started + 5)
         [preempted] = [p for p in report.preemptions if p.namespace == team_b]
-        assert (preempted.pod, preempted.node, preempted.by) == ("batch-train", "gpu-node-1",
+        assert (preempted.pod, preempted.node, preempted.by) == (victim_name, "gpu-node-1",
                                                                   f"{team_a}/critical-train")
         ns_usage = {u.name: u for u in report.namespaces}
         assert ns_usage[team_a].gpus_now == 1 and ns_usage[team_a].computing_h > 0
         assert ns_usage[team_b].allocated_h > 0 and ns_usage[team_b].gpus_now == 0
         text = gpulab("report", "--since", "10m").stdout
-        assert f"{team_b}/batch-train on gpu-node-1 by {team_a}/critical-train" in text
+        assert f"{team_b}/{victim_name} on gpu-node-1 by {team_a}/critical-train" in text
     finally:
         for name in (team_a, team_b):
             kube.delete("Namespace", name)

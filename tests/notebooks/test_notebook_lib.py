@@ -154,8 +154,8 @@ def test_sh_runs_in_the_repository_root():
 
 def test_expect(capsys):
     nb.expect(True, "it holds")
-    assert capsys.readouterr().out == "✅ it holds\n"
-    with pytest.raises(AssertionError, match="❌ it does not：why"):
+    assert capsys.readouterr().out == "✓ it holds\n"
+    with pytest.raises(AssertionError, match="× it does not：why"):
         nb.expect(False, "it does not", "why")
 
 
@@ -333,40 +333,121 @@ def test_undo_gpu_stack_leaves_an_untouched_stack_alone(tmp_path, monkeypatch):
 # -- plots: CJK fonts -----------------------------------------------------------------
 
 
-def test_cjk_font_installed_after_matplotlibs_font_cache_is_found(monkeypatch):
-    """fonts-noto-cjk installed after matplotlib cached its font list: _cjk_font adds the .ttc itself."""
+def test_the_cjk_font_is_the_packaged_one_even_where_matplotlib_knows_no_cjk_font(monkeypatch):
+    """No system CJK font (a learner without root): the noto-cjk-sans-otc dependency's font is registered."""
     from matplotlib import font_manager
 
-    added = []
-    monkeypatch.setattr(font_manager.fontManager, "ttflist", [types.SimpleNamespace(name="DejaVu Sans")])
-    monkeypatch.setattr(font_manager, "findSystemFonts", lambda: [
-        "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf", "/usr/share/fonts/opentype/noto/NotoSansCJK-Regular.ttc"])
+    import noto_cjk_sans_otc
 
-    def addfont(path):
-        added.append(path)
-        font_manager.fontManager.ttflist.append(types.SimpleNamespace(name="Noto Sans CJK SC"))
-
-    monkeypatch.setattr(font_manager.fontManager, "addfont", addfont)
-    plots._cjk_font.cache_clear()
+    monkeypatch.setattr(font_manager.fontManager, "ttflist",
+                        [f for f in font_manager.fontManager.ttflist if "CJK" not in f.name])
+    plots.cjk_font.cache_clear()
     try:
-        assert plots._cjk_font() == "Noto Sans CJK SC"
-        assert added == ["/usr/share/fonts/opentype/noto/NotoSansCJK-Regular.ttc"]
-        assert plots.bilingual("中文", "English") == "中文"
+        assert plots.cjk_font() == "Noto Sans CJK SC"
+        faces = [f for f in font_manager.fontManager.ttflist if f.name == "Noto Sans CJK SC"]
+        assert [str(f.fname) for f in faces] == [str(noto_cjk_sans_otc.FONT_PATH)]
+        plots.cjk_font()  # registered once
+        assert len([f for f in font_manager.fontManager.ttflist if f.name == "Noto Sans CJK SC"]) == 1
     finally:
-        plots._cjk_font.cache_clear()
+        plots.cjk_font.cache_clear()
 
 
-def test_no_cjk_font_means_english_plot_labels(monkeypatch):
+def test_the_packaged_cjk_font_has_the_self_check_symbols():
+    """expect()'s ✓ and ×, and ⚠, are in the font gpulab ships (emoji like ✅ ❌ ⚠️ are not: they show as boxes)."""
+    from matplotlib.ft2font import FT2Font
+
+    from gpulab.notebook import checks
+
+    font = FT2Font(plots.cjk_font_file(), face_index=2)
+    assert font.family_name == "Noto Sans CJK SC"
+    charmap = font.get_charmap()
+    for symbol in (checks.PASS, checks.FAIL, "⚠"):
+        assert ord(symbol) in charmap, f"{symbol!r} (U+{ord(symbol):04X}) is not in {font.family_name}"
+    for emoji in ("✅", "❌"):
+        assert ord(emoji) not in charmap  # why expect() does not print them
+
+
+def _fake_timeline():
+    line = object.__new__(timeline.Timeline)
+    line.t0, line.t_end, line.deleted = 100.0, 130.0, {"train-1": 125.0}
+    line.samples = {"train-0": [(100.5, "Pending", 0), (101.0, "Creating", 0), (102.0, "Running", 0),
+                                (104.0, "Ready", 0), (110.0, "BackOff", 1), (112.0, "Ready", 1),
+                                (120.0, "Succeeded", 1)],
+                    "train-1": [(101.0, "Pending", 0), (103.0, "Init", 0), (105.0, "Failed", 0),
+                                (124.0, "Terminating", 0)]}
+    return line
+
+
+def _fake_hpa():
+    from gpulab.notebook import hpa
+
+    line = object.__new__(hpa.HpaTimeline)
+    line.name, line.namespace = "llm", "lesson-07"
+    line.samples = [(0.0, 1, 1, 5.0), (10.0, 2, 1, 85.0), (20.0, 2, 2, 60.0), (30.0, 1, 1, None)]
+    line.marks = [(5.0, "负载 80%")]
+    return line
+
+
+def _cjk_figures(monkeypatch):
+    """Every figure of gpulab.notebook, drawn with Chinese text wherever the lesson gives some."""
+    monkeypatch.setattr(plots, "gpu_allocation", lambda: {
+        "gpu-node-1": {"allocatable": 4, "pods": [("lesson-03/训练-a", 2), ("lesson-03/train-b", 1)]},
+        "gpu-node-2": {"allocatable": 4, "pods": []}})
+    monkeypatch.setattr(plots, "gpu_pods", lambda: [{"POD": "lesson-03/大作业", "NODE": "", "STATUS": "Pending",
+                                                     "GPUS": 8}])
+    yield "plot_allocation", nb.plot_allocation(title="各节点 GPU 分配（调度之后）", show=False)
+    yield "plot_card_memory", nb.plot_card_memory(81559, 16384, [("整卡独占", 1, None), ("时间切片 ×4", 4, None),
+                                                                 ("MIG 1g.10gb", 7, 9856), ("MIG 3g.40gb", 2, 40192)],
+                                                  show=False)
+    yield "plot_gpu_memory", nb.plot_gpu_memory([{"GPU": "GPU 0", "POD": "推理-a", "MIB": 16384, "FAILED": False},
+                                                 {"GPU": "GPU 0", "POD": "greedy", "MIB": 70000, "FAILED": True}],
+                                                81559, show=False)
+    yield "Timeline.plot", _fake_timeline().plot(labels={"train-0": "训练 0"}, show=False)
+    yield "HpaTimeline.plot", _fake_hpa().plot(show=False)
+
+
+def test_every_plot_draws_all_its_text_with_the_cjk_font(monkeypatch):
+    """Each text artist of each figure resolves to Noto Sans CJK SC, which has every character it shows."""
+    import io
+    import warnings
+
     from matplotlib import font_manager
+    from matplotlib.text import Text
 
-    monkeypatch.setattr(font_manager.fontManager, "ttflist", [types.SimpleNamespace(name="DejaVu Sans")])
-    monkeypatch.setattr(font_manager, "findSystemFonts", lambda: ["/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf"])
-    plots._cjk_font.cache_clear()
-    try:
-        assert plots._cjk_font() is None
-        assert plots.bilingual("中文", "English") == "English"
-    finally:
-        plots._cjk_font.cache_clear()
+    plots.cjk_font.cache_clear()
+    seen = 0
+    for name, fig in _cjk_figures(monkeypatch):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            fig.savefig(io.BytesIO(), format="png")
+        missing = [str(w.message) for w in caught if "missing from font" in str(w.message) or "Glyph" in str(w.message)]
+        assert not missing, f"{name}: {missing}"
+        texts = [t for t in fig.findobj(Text) if t.get_visible() and t.get_text().strip()]
+        assert any(any("\u4e00" <= ch <= "\u9fff" for ch in t.get_text()) for t in texts), f"{name}: no Chinese text"
+        for text in texts:
+            font = font_manager.get_font(font_manager.findfont(text.get_fontproperties(), fallback_to_default=False))
+            assert font.family_name == "Noto Sans CJK SC", f"{name}: {text.get_text()!r} drawn with {font.family_name}"
+            charmap = font.get_charmap()
+            lacking = {ch for ch in text.get_text() if ch.strip() and ord(ch) not in charmap}
+            assert not lacking, f"{name}: {text.get_text()!r}: {sorted(lacking)} not in {font.family_name}"
+            seen += 1
+    assert seen > 30
+
+
+def test_a_figure_not_made_by_new_figure_is_drawn_with_the_cjk_font_too():
+    """Usage reports make their own Figure; show_figure draws them after making the CJK font the sans-serif one."""
+    import matplotlib
+    from matplotlib import font_manager
+    from matplotlib.figure import Figure
+
+    matplotlib.rcParams["font.sans-serif"] = [f for f in matplotlib.rcParams["font.sans-serif"]
+                                              if f != "Noto Sans CJK SC"]
+    fig = Figure()
+    title = fig.add_subplot().set_title("GPU 利用率")
+    assert plots.show_figure(fig, show=False) is fig
+    plots.show_figure(fig, show=True)  # outside IPython: nothing displayed, but the font is set
+    font = font_manager.get_font(font_manager.findfont(title.get_fontproperties()))
+    assert font.family_name == "Noto Sans CJK SC"
 
 
 def test_plot_gpu_memory_stacks_pods_per_gpu_and_marks_the_card():

@@ -15,6 +15,8 @@ OUTPUT = {
     "kube-scheduler": f"Kubernetes {versions.KUBERNETES}",
     "etcd": f"etcd Version: {versions.ETCD.lstrip('v')}\nGit SHA: Not provided\nGo Version: go1.26.8",
     "kwok": f"kwok version {versions.KWOK} go1.26.8 (linux/amd64)",
+    # metrics-server prints client-go's gitVersion, as its Makefile stamps it, and nothing else.
+    "metrics-server": versions.METRICS_SERVER,
 }
 
 

@@ -43,6 +43,7 @@ def test_pinned_binaries_are_used_without_go(tmp_path, monkeypatch, no_go):
     assert found.versions == {
         "kube-apiserver": versions.KUBERNETES, "kube-controller-manager": versions.KUBERNETES,
         "kube-scheduler": versions.KUBERNETES, "etcd": versions.ETCD.lstrip("v"), "kwok": versions.KWOK,
+        "metrics-server": versions.METRICS_SERVER,
     }
     assert heard == []  # nothing to warn about
     assert not (tmp_path / "cache").exists()
@@ -69,6 +70,7 @@ def test_another_patch_release_is_used_with_a_warning(tmp_path, monkeypatch, no_
     ("kube-controller-manager", "Kubernetes v2.37.2", "v2.37.2"),
     ("etcd", "etcd Version: 3.5.21", "3.5.21"),
     ("kwok", "kwok version v0.7.0 go1.24.1 (linux/amd64)", "v0.7.0"),
+    ("metrics-server", "v0.9.0", "v0.9.0"),
 ])
 def test_another_minor_version_is_an_error_naming_file_found_and_wanted(tmp_path, monkeypatch, no_go,
                                                                           name, output, found):

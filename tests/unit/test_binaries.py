@@ -41,7 +41,7 @@ def test_bin_dir_must_hold_every_binary(tmp_path, monkeypatch):
     (tmp_path / "etcd").chmod(stat.S_IRWXU)
     with pytest.raises(binaries.BinaryError) as err:
         binaries.ensure()
-    for name in ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok"):
+    for name in ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok", "metrics-server"):
         assert f"  {name}: missing ({tmp_path / name})" in str(err.value)
     assert "etcd:" not in str(err.value).split("\n", 1)[1].split("It must hold")[0]
 
@@ -65,6 +65,32 @@ def test_wrapper_modules_pin_every_kubernetes_staging_module():
     assert all(ln.endswith(versions.KUBERNETES_STAGING) for ln in replaces)
     assert f"k8s.io/kubernetes {versions.KUBERNETES}" in gomod
     assert os.path.isfile(binaries.GOBUILD / "kubernetes" / "go.sum")
+
+
+def test_metrics_server_wrapper_module_pins_the_version_and_stamps_it():
+    """v0.8.0 from the module proxy (v0.9.0 is not the course's); `--version` prints the stamped gitVersion."""
+    from gpulab import versions
+
+    gomod = (binaries.GOBUILD / "metrics-server" / "go.mod").read_text()
+    assert versions.METRICS_SERVER == "v0.8.0"
+    assert f"sigs.k8s.io/metrics-server {versions.METRICS_SERVER}" in gomod
+    assert "tool sigs.k8s.io/metrics-server/cmd/metrics-server" in gomod
+    assert os.path.isfile(binaries.GOBUILD / "metrics-server" / "go.sum")
+    build = next(b for b in binaries.BUILDS if b.name == "metrics-server")
+    assert build.programs == (("sigs.k8s.io/metrics-server/cmd/metrics-server", "metrics-server"),)
+    assert f"-X k8s.io/client-go/pkg/version.gitVersion={versions.METRICS_SERVER}" in build.ldflags
+    assert "metrics-server" in binaries.REQUIRED
+
+
+@pytest.mark.parametrize("output, found", [
+    ("v0.8.0\n", "v0.8.0"), ("v0.8.1", "v0.8.1"), ("  v0.8.0-dirty  \n", "v0.8.0-dirty"),
+    ("I1203 12:00:00 noise\nv0.8.0\n", "v0.8.0"), ("version v0.8.0", None), ("", None),
+])
+def test_a_bare_version_line_is_read(output, found):
+    import re
+
+    m = re.search(binaries.VERSION_RULES["metrics-server"].pattern, output)
+    assert (m[1] if m else None) == found
 
 
 _OTHER_BUILD = r"""
