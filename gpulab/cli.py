@@ -14,7 +14,7 @@ from pathlib import Path
 
 import click
 
-from . import paths, versions
+from . import marks, paths, versions
 from .cluster import backend
 
 
@@ -369,7 +369,7 @@ def _recover_graders(cluster) -> None:
 
 
 def _mark(outcome) -> str:
-    return "✅" if outcome.passed else ("🟡" if outcome.earned > 0 else "❌")
+    return marks.verdict(outcome.passed, outcome.earned)
 
 
 @main.command(name="check")

@@ -58,6 +58,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Protocol
 
+from gpulab import marks
 from gpulab._fsutil import atomic_write_bytes, atomic_write_json, atomic_write_text, locked
 
 from .checks import Check, CheckOutcome, CheckSuite, Context, group_by_kind, load_hidden_checks, load_lab_checks
@@ -507,7 +508,7 @@ def feedback_markdown(lab: str, row: GradeRow, max_points: float) -> str:
         lines += ["", "因为笔记本没有运行，下面的检查都记 0 分。"]
     lines += ["", "## 各项检查", ""]
     for o in row.outcomes:
-        mark = "✅" if o.passed else ("⚠️" if o.earned > 0 else "❌")
+        mark = marks.verdict(o.passed, o.earned)
         text = f"- {mark} {o.label}：{_fmt(o.earned)} / {_fmt(o.points)} 分"
         if o.message and not (o.passed and o.hidden):
             text += f"。{o.message}"

@@ -49,7 +49,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpulab import _poll, paths
+from gpulab import _poll, marks, paths
 from gpulab.cluster import backend
 from gpulab.grading.record import record
 
@@ -305,7 +305,7 @@ def self_check_html(report: Any, namespace: str) -> str:
     cell = 'style="text-align:left;vertical-align:top"'
     rows = "".join(
         f"<tr><td {cell}>{esc(o.label)}</td><td {cell}>{esc(_points(o))}</td>"
-        f"<td {cell}>{'✅' if o.passed else '⚠️' if o.earned > 0 else '❌'} {_verdict(o)}</td>"
+        f"<td {cell}>{marks.verdict(o.passed, o.earned)} {_verdict(o)}</td>"
         f"<td {cell}>{esc(o.message)}</td></tr>" for o in report.row.outcomes)
     head = "".join(f"<th {cell}>{h}</th>" for h in ("检查", "得分", "结果", "说明"))
     parts = [f"<p><strong>{esc(_heading(report))}</strong></p>", f"<p>{esc(_intro(report, namespace))}</p>",

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from .. import marks
+
 __all__ = ["expect"]
 
-# Plain symbols, not emoji (✅ ❌ need a colour emoji font, and show as boxes without one): both are in
-# Noto Sans CJK and DejaVu Sans Mono, the fonts a notebook's output is shown with (tests/notebooks checks it).
-PASS, FAIL = "✓", "×"
+# gpulab.marks' plain symbols, not emoji (tests/notebooks checks they are in the fonts outputs use).
+PASS, FAIL = marks.PASS, marks.FAIL
 
 
 def expect(ok: Any, what: str, hint: str = "") -> None:

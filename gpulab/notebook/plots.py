@@ -38,8 +38,8 @@ def cjk_font() -> str:
     if not any(str(f.fname) == path and f.name == CJK_FONT for f in font_manager.fontManager.ttflist):
         font_manager.fontManager.addfont(path)  # every face of the collection (matplotlib >= 3.11)
     if not any(f.name == CJK_FONT for f in font_manager.fontManager.ttflist):
-        raise RuntimeError(f"{path} has no {CJK_FONT!r} face: Chinese plot labels cannot be drawn "
-                           "(reinstall gpulab: `make install`)")
+        raise RuntimeError(f"字体文件 {path} 里没有 {CJK_FONT!r}，图里的中文画不出来："
+                           "重新安装 gpulab（`make install`）")
     return CJK_FONT
 
 

@@ -14,8 +14,8 @@ answer and saves it in the local progress store:
   answer: it is not saved and reveals nothing.
 
 Re-running the cell (or restarting the kernel) restores the saved answers and
-their feedback. Verdicts are marked with √ / × (GB2312 symbols that every CJK
-font has, with no emoji presentation) plus colour — never with emoji, which
+their feedback. Verdicts are marked with :mod:`gpulab.marks`' ✓ / × (plain symbols in
+every font gpulab relies on, with no emoji presentation) plus colour — never with emoji, which
 render as empty boxes where no emoji font is installed.
 
 The display data carries, besides the widget view, a static ``text/html`` and
@@ -47,6 +47,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+from .. import marks
 from .bank import (
     Bank,
     Feedback,
@@ -65,9 +66,7 @@ from .progress import ProgressStore
 
 TYPE_LABELS = {"single": "单选", "multiple": "多选", "numeric": "数值", "short": "简答"}
 
-# Verdict marks: in every CJK font (GB2312 A1CC / A1C1), no emoji presentation.
-MARK_CORRECT = "√"
-MARK_WRONG = "×"
+MARK_CORRECT, MARK_WRONG = marks.PASS, marks.FAIL
 _COLORS = {"correct": "#1a7f37", "wrong": "#cf222e", "notice": "#9a6700", "muted": "#57606a"}
 
 WIDGET_VIEW_MIME = "application/vnd.jupyter.widget-view+json"

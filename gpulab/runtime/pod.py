@@ -192,13 +192,18 @@ class PodWorker(threading.Thread):
             if grace is None:
                 grace = pod["spec"].get("terminationGracePeriodSeconds", 30)
             self._kill_all(grace=float(grace), reason=None, event=True)
-            # Devices are free once the containers are gone, before the API
-            # object is: the next pod bound to them must find them released.
+            # As the kubelet does, a deleted pod reaches a terminal phase before it is let go:
+            # Succeeded if every container exited 0, else Failed. The Job controller reads it,
+            # with the DisruptionTarget condition of an evicted or preempted pod, for a podFailurePolicy.
+            # Its devices are free by then (_push), before the API object is gone.
+            if not self.terminal:
+                exited_0 = all(c.termination is not None and c.termination.exit_code == 0 for c in self.main)
+                self.terminal = "Succeeded" if self.main and exited_0 else "Failed"
+            self._push()
             self._cleanup()
             self.client.delete("Pod", self.key[1], self.key[0], grace_seconds=0, uid=self.key[2])
             return True
         if self.terminal:
-            self._release_devices()
             self._push()
             return False
         now = time.time()
@@ -652,6 +657,11 @@ class PodWorker(threading.Thread):
         return status
 
     def _push(self) -> None:
+        if self.terminal:
+            # Devices are freed before anyone can see the pod finished: the scheduler counts them free
+            # as soon as the phase is pushed and may bind the next pod to them at once, and the kubelet
+            # admits that pod against its active pods only (a finished one holds nothing).
+            self._release_devices()
         status = self.status()
         if status == self.pushed:
             return

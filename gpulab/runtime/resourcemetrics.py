@@ -196,6 +196,7 @@ class ResourceMetrics:
         # node -> CPU seconds of the containers that ran there and ended; (run id) -> last CPU seconds seen.
         self.retired: dict[str, float] = {}
         self.last: dict[str, dict[tuple[str, str, str], float]] = {}
+        self.node_cpu: dict[str, float] = {}  # node -> the counter's last value: a counter never goes back
 
     def containers(self, node: str, now: float) -> list[ContainerSample]:
         out = []
@@ -238,7 +239,10 @@ class ResourceMetrics:
             # A run that is gone leaves its CPU time in the node's counter; one still here keeps its highest value.
             self.retired[node] = self.retired.get(node, 0.0) + sum(v for k, v in previous.items() if k not in seen)
             self.last[node] = {k: max(v, previous.get(k, 0.0)) for k, v in seen.items()}
-            node_cpu = own.cpu_seconds + self.retired[node] + sum(self.last[node].values())
+            # Summed in another order, the same seconds can come out a rounding error lower.
+            node_cpu = max(own.cpu_seconds + self.retired[node] + sum(self.last[node].values()),
+                           self.node_cpu.get(node, 0.0))
+            self.node_cpu[node] = node_cpu
         node_usage = Usage(node_cpu, own.memory_bytes + sum(c.usage.memory_bytes for c in containers))
         return exposition(node_usage, containers, now)
 

@@ -8,6 +8,7 @@ Both take a :class:`~gpulab.usage.report.Report` and return a matplotlib
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,21 @@ from .report import Report
 PALETTE = ("#0969da", "#8250df", "#bf3989", "#1a7f37", "#9a6700", "#cf222e", "#0550ae", "#6639ba",
            "#116329", "#953800")
 FREE = "#d0d7de"
+
+
+@dataclass(frozen=True)
+class Labels:
+    """The words on the pictures: English for ``gpulab report --out``; notebooks pass their Chinese ones."""
+
+    utilization: str = "GPU utilisation over time"
+    allocation: str = "GPU allocation per node/GPU"
+    minutes: str = "minutes"
+    percent: str = "utilisation %"
+    free: str = "free"
+    shared: str = "shared: "
+
+
+ENGLISH = Labels()
 
 
 def _figure(width: float, height: float) -> Any:
@@ -36,7 +52,7 @@ def _minutes(report: Report, t: float) -> float:
     return (t - report.start) / 60
 
 
-def utilization_figure(report: Report, title: str = "GPU utilisation over time") -> Any:
+def utilization_figure(report: Report, title: str | None = None, labels: Labels = ENGLISH) -> Any:
     """One line per device: its utilisation (%) in each sample; dashed while nobody holds it."""
     fig = _figure(9, 3.6)
     ax = fig.add_subplot()
@@ -57,16 +73,16 @@ def utilization_figure(report: Report, title: str = "GPU utilisation over time")
         if idle:
             ax.scatter(idle, [0] * len(idle), color=color, marker="|", s=60)
     ax.set_ylim(-3, 103)
-    ax.set_xlabel("minutes")
-    ax.set_ylabel("utilisation %")
-    ax.set_title(title)
+    ax.set_xlabel(labels.minutes)
+    ax.set_ylabel(labels.percent)
+    ax.set_title(title or labels.utilization)
     if rows:
         ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     ax.grid(alpha=0.3)
     return fig
 
 
-def allocation_figure(report: Report, title: str = "GPU allocation per node/GPU") -> Any:
+def allocation_figure(report: Report, title: str | None = None, labels: Labels = ENGLISH) -> Any:
     """A heat map: a row per device, a cell per sample, coloured by the namespace holding it (grey: free).
 
     Darker cells compute less: a held cell's opacity follows its utilisation,
@@ -89,15 +105,15 @@ def allocation_figure(report: Report, title: str = "GPU allocation per node/GPU"
                 ax.barh(y, x1 - x0, left=x0, height=0.8, color=FREE, linewidth=0)
                 continue
             ns = sorted({h[0] for h in dev.holders})
-            label = ns[0] if len(ns) == 1 else "shared: " + "+".join(ns)
+            label = ns[0] if len(ns) == 1 else labels.shared + "+".join(ns)
             color = namespaces.setdefault(label, PALETTE[len(namespaces) % len(PALETTE)])
             alpha = 0.35 + 0.65 * min(dev.util, 100) / 100
             ax.barh(y, x1 - x0, left=x0, height=0.8, color=color, alpha=alpha, linewidth=0)
     ax.set_yticks(range(len(rows)), rows, fontsize=8)
     ax.invert_yaxis()
-    ax.set_xlabel("minutes")
-    ax.set_title(title)
-    handles = [Patch(color=c, label=n) for n, c in namespaces.items()] + [Patch(color=FREE, label="free")]
+    ax.set_xlabel(labels.minutes)
+    ax.set_title(title or labels.allocation)
+    handles = [Patch(color=c, label=n) for n, c in namespaces.items()] + [Patch(color=FREE, label=labels.free)]
     ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     return fig
 

@@ -184,7 +184,8 @@ def _hours(h: float) -> str:
     return f"{h:.3f}"
 
 
-def _table(title: str, rows: list[Usage], with_quota: bool) -> list[str]:
+def table_rows(title: str, rows: list[Usage], with_quota: bool) -> tuple[list[str], list[dict[str, str]]]:
+    """The columns and formatted rows of one usage table (``NAMESPACE`` or ``NODE``), whoever draws it."""
     head = [title, "GPUS NOW", "IDLE NOW", "GPU-H ALLOCATED", "GPU-H COMPUTING", "GPU-H IDLE", "EFFICIENCY"]
     if with_quota:
         head.append("QUOTA requests.nvidia.com/gpu")
@@ -195,7 +196,13 @@ def _table(title: str, rows: list[Usage], with_quota: bool) -> list[str]:
                  _hours(u.idle_h), "-" if eff is None else f"{eff:.0%}"]
         if with_quota:
             cells.append(u.quota or "-")
-        body.append(cells)
+        body.append(dict(zip(head, cells)))
+    return head, body
+
+
+def _table(title: str, rows: list[Usage], with_quota: bool) -> list[str]:
+    head, dicts = table_rows(title, rows, with_quota)
+    body = [list(d.values()) for d in dicts]
     widths = [max(len(r[i]) for r in [head, *body]) for i in range(len(head))]
     return ["   ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in [head, *body]]
 

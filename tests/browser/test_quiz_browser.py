@@ -9,7 +9,7 @@ runs JupyterLab must show the quiz's static HTML fallback, not a ``VBox(…)``
 repr. Then it runs the cell and works the quiz the way a learner does:
 
 - the first single-choice question: a wrong option and 提交 (× with a hint,
-  no explanation, a 显示答案 button), then the right one (√ with the explanation);
+  no explanation, a 显示答案 button), then the right one (✓ with the explanation);
 - the question with the section's longest option (sh-ts-facts, option E, that
   used to be cut off mid-word): every option's text is fully visible — wrapped
   onto several lines inside its row, not clipped, not covered, no ellipsis;
@@ -281,7 +281,7 @@ def test_a_quiz_answered_in_jupyterlab_in_headless_chromium(tmp_path, chromium_p
 
                 # Another try: the right option.
                 text = answer(right, "correct", shots["right"])
-                assert "√" in text and "回答正确" in text and "解析" in text, \
+                assert "✓" in text and "回答正确" in text and "解析" in text, \
                     f"feedback after the right answer: {text!r}; screenshot: {shots['right']}"
                 assert "提示" not in text, f"hint still shown after the right answer: {text!r}"
                 expect(reveal).to_be_hidden()

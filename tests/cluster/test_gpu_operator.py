@@ -180,6 +180,20 @@ def test_pinning_more_gpus_than_the_node_has_is_refused_by_the_kubelet(kube, ns)
                         pod["status"]["message"]), pod["status"]["message"]
 
 
+def test_a_pod_bound_as_another_finishes_gets_its_gpus(kube, ns):
+    """The scheduler binds the next pod the moment a finished one's phase shows; the node must admit it.
+
+    Each waiting pod wants both GPUs, so it is bound exactly when the one before it finishes. A node
+    that still counted a finished pod's devices refused the next one (OutOfnvidia.com/gpu).
+    """
+    names = [f"relay-{i}" for i in range(4)]
+    for name in names:
+        create(kube, ns, gpu_pod(name, count=2, command=["sleep", "0.5"]))
+    for name in names:
+        pod = wait_phase(kube, ns, name, "Succeeded", "Failed", timeout=60)
+        assert pod["status"]["phase"] == "Succeeded", (name, pod["status"].get("reason"), pod["status"].get("message"))
+
+
 def test_gpu_train_demo_job_from_the_chapter(kube, ns, kubectl):
     set_node_label(kube, "node-role.kubernetes.io/ai", "true")
     try:

@@ -351,6 +351,6 @@ def test_gpulab_check_prints_each_check(cluster, tmp_path):
                            "--out", str(tmp_path)], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert "笔记本从头到尾运行成功。" in proc.stdout
-    assert "✅     2/2  修好 gpu-half" in proc.stdout
+    assert "✓     2/2  修好 gpu-half" in proc.stdout
     assert proc.stdout.rstrip().endswith("13/13  01-gpu-pod-spec")
     assert (tmp_path / "feedback").is_dir()

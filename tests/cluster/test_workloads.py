@@ -62,6 +62,26 @@ def test_failing_job_gives_up_after_backoff_limit(kube, ns):
         assert term["exitCode"] == 1 and term["reason"] == "Error"
 
 
+def test_an_evicted_pod_ends_failed_so_a_pod_failure_policy_can_ignore_the_disruption(kube, ns):
+    """The kubelet puts a deleted pod in a terminal phase before letting it go; the eviction's DisruptionTarget
+    condition stays. A Job whose podFailurePolicy ignores disruptions then neither counts the pod as a failure
+    nor fails, though its backoffLimit is 0."""
+    spec = job("evicted", ["sleep", "300"], backoff=0)
+    spec["spec"]["podFailurePolicy"] = {"rules": [{"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]}]}
+    spec["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] = 1
+    create(kube, ns, spec)
+    first = wait_for(lambda: (p := pod_of(kube, ns, "job-name=evicted")) and p["status"].get("phase") == "Running"
+                     and p, 60, what="the Job's pod Running")["metadata"]["name"]
+    kube.request("POST", kube.path("Pod", first, ns, "eviction"),
+                 {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": first, "namespace": ns}})
+    wait_for(lambda: [p for p in kube.list("Pod", ns, label_selector="job-name=evicted")
+                      if p["metadata"]["name"] != first and p["status"].get("phase") == "Running"], 60,
+             what="a replacement pod Running")
+    status = kube.get("Job", "evicted", ns)["status"]
+    assert job_condition(kube, ns, "evicted") is None, status
+    assert not status.get("failed"), status
+
+
 def test_job_active_deadline_stops_a_long_job(kube, ns):
     obj = job("slow", ["sleep", "300"])
     obj["spec"]["activeDeadlineSeconds"] = 3

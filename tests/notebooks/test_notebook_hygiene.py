@@ -272,6 +272,30 @@ def test_notebook_uses_the_official_client_not_lab_kube(notebook):
                       "(client.CoreV1Api() ...):\n" + "\n".join(uses))
 
 
+# Table headers with no Chinese in them: what a Kubernetes or CUDA learner reads as is.
+HEADER_TERMS = {"POD", "Pod", "GPU", "CPU", "OOM", "enabled", "failureThreshold", "periodSeconds"}
+
+
+def english_headers(nb) -> dict[str, set[str]]:
+    """Column headers of the tables in ``nb``'s outputs that have no Chinese and are not HEADER_TERMS."""
+    found: dict[str, set[str]] = {}
+    for i, cell in enumerate(nb.cells):
+        for out in cell.get("outputs", []):
+            markup = "".join(out.get("data", {}).get("text/html", ""))
+            for th in re.findall(r"<th[^>]*>(.*?)</th>", markup, re.S):
+                text = re.sub(r"<[^>]+>", " ", th).strip()
+                if text and not re.search("[\u4e00-\u9fff]", text) and text not in HEADER_TERMS:
+                    found.setdefault(text, set()).add(str(i))
+    return found
+
+
+def test_table_headers_are_chinese(notebook):
+    found = english_headers(nbformat.read(notebook, as_version=4))
+    assert not found, (f"{notebook.name} shows tables with English-only column headers (give the key a Chinese "
+                       "name in gpulab/notebook/table.py HEADINGS, or use a Chinese key): "
+                       + ", ".join(f"{k!r} (cells {', '.join(sorted(c))})" for k, c in sorted(found.items())))
+
+
 # The same checks on synthetic notebooks: each bites, and passes on a good one.
 
 def _synthetic(setup_source: str, *outputs: str, sources: tuple[str, ...] = (), run: dict | None = None):
@@ -347,3 +371,11 @@ def test_private_client_uses_are_found():
         "from kubernetes import client, config\nconfig.load_kube_config()\ncore = client.CoreV1Api()",
         "path = lab.kubeconfig"))
     assert private_client_uses(good) == []
+
+
+def test_english_table_headers_are_found():
+    nb = _synthetic("lab = setup('00-x')", sources=())
+    nb.cells[0].outputs = [nbformat.v4.new_output("execute_result", data={
+        "text/plain": "x", "text/html": "<table><thead><tr><th>节点<br><code>NODE</code></th><th><code>POD</code></th>"
+                                        "<th>LAST LOG LINE</th></tr></thead></table>"}, execution_count=1)]
+    assert english_headers(nb) == {"LAST LOG LINE": {"0"}}

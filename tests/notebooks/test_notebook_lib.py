@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import types
 
 import pytest
@@ -50,7 +52,15 @@ def test_table_aligns_columns_counting_cjk_as_double_width():
 
 def test_table_shows_missing_values_as_dash_and_empty_tables_say_so():
     assert str(nb.Table([{"A": None, "B": []}])).splitlines()[1] == "-   -"
-    assert str(nb.Table([], ["POD", "NODE"])).splitlines() == ["POD   NODE", "(无)"]
+    assert str(nb.Table([], ["POD", "NODE"])).splitlines() == ["POD   节点 NODE", "(无)"]
+
+
+def test_table_headers_show_the_chinese_name_over_the_key_code_reads():
+    t = nb.Table([{"NODE": "gpu-node-1", "POD": "a", "STATUS": "Running"}])
+    assert str(t).splitlines()[0] == "节点 NODE    POD   状态 STATUS"
+    assert t.column("NODE") == ["gpu-node-1"]  # rows keep the key
+    html = t._repr_html_()
+    assert "节点<br><code" in html and ">NODE</code>" in html and ">POD</code>" in html
 
 
 def test_table_html_escapes_cells():
@@ -404,6 +414,31 @@ def _cjk_figures(monkeypatch):
                                                 81559, show=False)
     yield "Timeline.plot", _fake_timeline().plot(labels={"train-0": "训练 0"}, show=False)
     yield "HpaTimeline.plot", _fake_hpa().plot(show=False)
+    usage = _fake_usage_report()
+    yield "UsageReport.plot_utilization", usage.plot_utilization(show=False)
+    yield "UsageReport.plot_allocation", usage.plot_allocation(show=False)
+
+
+def _fake_usage_report():
+    """A usage report of 4 samples: lesson-07 holds gpu0 at 50 %, two namespaces share gpu1 idle."""
+    from gpulab.kube.names import ALLOCATED_DEVICES_ANNOTATION
+    from gpulab.usage import report, samples
+
+    def gpu(index: int, util: float, holder: tuple[str, str] | None) -> list:
+        labels = {"gpu": str(index), "UUID": f"GPU-{index}", "modelName": "NVIDIA H100 80GB HBM3",
+                  "Hostname": "gpu-node-1"} | ({"namespace": holder[0], "pod": holder[1], "container": "main"}
+                                                if holder else {})
+        return [("DCGM_FI_DEV_GPU_UTIL", labels, util), ("DCGM_FI_DEV_FB_USED", labels, 1000.0),
+                ("DCGM_FI_DEV_FB_FREE", labels, 80559.0)]
+
+    pods = [{"metadata": {"namespace": ns, "name": name, "uid": name, "annotations": {
+        ALLOCATED_DEVICES_ANNOTATION: json.dumps({"main": {"nvidia.com/gpu": [f"GPU-1::{i}"]}})}},
+        "status": {"phase": "Running"}} for i, (ns, name) in enumerate((("lesson-07", "dev"), ("team-b", "nb")))]
+    snaps = [samples.snapshot(t, gpu(0, 50, ("lesson-07", "train")) + gpu(1, 0, None), pods)
+             for t in (0.0, 5.0, 10.0, 15.0)]
+    events = [{"reason": "Preempted", "involvedObject": {"namespace": "team-b", "name": "batch"},
+               "message": "Preempted by pod uid-x on node gpu-node-1", "lastTimestamp": "2026-12-04T10:00:00Z"}]
+    return nb.UsageReport(report.build(snaps, events=events))
 
 
 def test_every_plot_draws_all_its_text_with_the_cjk_font(monkeypatch):
@@ -432,6 +467,19 @@ def test_every_plot_draws_all_its_text_with_the_cjk_font(monkeypatch):
             assert not lacking, f"{name}: {text.get_text()!r}: {sorted(lacking)} not in {font.family_name}"
             seen += 1
     assert seen > 30
+
+
+def test_a_usage_report_reads_in_chinese_and_keeps_the_numbers_of_gpulab_report():
+    usage = _fake_usage_report()
+    text, html = repr(usage), usage._repr_html_()
+    for words in ("GPU 用量", "按命名空间", "按节点", "命名空间 NAMESPACE", "分配 GPU 小时 GPU-H ALLOCATED",
+                  "合计：", "抢占：team-b/batch（在 gpu-node-1 上）"):
+        assert words in text, f"{words!r} not in:\n{text}"
+    assert "命名空间<br><code" in html and "抢占：" in html
+    cli = usage.report.text()  # gpulab report's English text: same numbers
+    row = usage.namespace("lesson-07")
+    assert f"{row.allocated_h:.3f}" in text and f"{row.allocated_h:.3f}" in cli
+    assert "GPU usage since" in cli and "GPU 用量" not in cli
 
 
 def test_a_figure_not_made_by_new_figure_is_drawn_with_the_cjk_font_too():
@@ -469,8 +517,19 @@ def test_plot_gpu_memory_stacks_pods_per_gpu_and_marks_the_card():
 LAYERS = ["table", "shell", "wait", "quantity", "checks", "quiz", "manifest", "lesson", "pod", "job", "event",
           "service", "logs", "gpus", "plots", "timeline", "hpa", "metrics", "usage", "__init__"]
 # What gpulab.notebook may import from the rest of gpulab: the packages below it, never cli.
-BELOW = {"grading", "quiz", "cluster", "fakegpu", "usage", "runtime", "kube", "hardware", "paths", "versions",
-         "_fsutil", "_proc", "_poll"}
+def _layers_below(package: str) -> set[str]:
+    """What pyproject.toml's import-linter layers put below ``package`` (one list, read here, not copied)."""
+    import re
+    import tomllib
+    from pathlib import Path
+
+    config = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())
+    layers = next(c for c in config["tool"]["importlinter"]["contracts"] if c["type"] == "layers")["layers"]
+    below = layers[layers.index(package) + 1:]
+    return {name for layer in below for name in re.split(r"\s*[|:]\s*", layer)}
+
+
+BELOW = _layers_below("notebook")
 
 
 def _imports(path):
@@ -524,3 +583,27 @@ def test_importing_the_package_is_light_and_changes_no_other_module():
               "assert not heavy, heavy\n")
     run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False)
     assert run.returncode == 0, run.stderr
+
+
+def test_every_column_the_library_prints_has_a_chinese_heading():
+    """Each column key a gpulab.notebook table is built with is in HEADINGS (POD and GPU read the same)."""
+    import ast
+    from pathlib import Path
+
+    from gpulab.notebook.table import HEADINGS
+
+    same_in_chinese = {"POD", "GPU"}
+    folder = Path(nb.__file__).parent
+    keys: set[str] = set()
+    for path in folder.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "Table" and len(node.args) > 1:
+                cols = node.args[1]
+                if isinstance(cols, ast.List):
+                    keys |= {e.value for e in cols.elts if isinstance(e, ast.Constant)}
+    from gpulab.notebook import metrics
+
+    keys |= set(metrics.DCGM_COLUMNS.values())
+    assert len(keys) > 15, keys
+    missing = sorted(keys - set(HEADINGS) - same_in_chinese)
+    assert not missing, f"columns without a Chinese heading in gpulab/notebook/table.py HEADINGS: {missing}"

@@ -207,7 +207,7 @@ def test_check_in_a_kernel_displays_a_table(self_check, monkeypatch):
     page = data["text/html"]
     assert "<table>" in page and all(f">{h}</th>" in page for h in ("检查", "得分", "结果", "说明"))
     assert ">团队命名空间 &lt;team&gt; 有配额</td>" in page  # escaped
-    assert "✅ 通过" in page and "⚠️ 部分" in page and "❌ 未通过" in page
+    assert "✓ 通过" in page and "⚠ 部分" in page and "× 未通过" in page
     assert "合计：2 / 6 分" in page and "评分时还有隐藏检查" in page and "不公开" not in page
 
 

@@ -16,7 +16,12 @@ REPO = Path(__file__).resolve().parents[2]
 QUIZZES = REPO / "quizzes"
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 # Emoji (and the emoji variation selector) render as empty boxes without an emoji font.
-EMOJI_RE = re.compile("[\U0001F000-\U0001FFFF\u2600-\u27BF\u2B00-\u2BFF\uFE0F]")
+# Characters shown as colour emoji by default (Emoji_Presentation), and the emoji variation selector:
+# what renders as an empty box without an emoji font. gpulab.marks' ✓ × ⚠ are text symbols.
+EMOJI_RE = re.compile("[\U0001F000-\U0001FFFF\u231A\u231B\u23E9-\u23EC\u23F0\u23F3\u25FD\u25FE\u2614\u2615"
+                      "\u2648-\u2653\u267F\u2693\u26A1\u26AA\u26AB\u26BD\u26BE\u26C4\u26C5\u26CE\u26D4\u26EA"
+                      "\u26F2-\u26F5\u26FA\u26FD\u2705\u270A\u270B\u2728\u274C\u274E\u2753-\u2755\u2757"
+                      "\u2795-\u2797\u27B0\u27BF\u2B1B\u2B1C\u2B50\u2B55\uFE0F]")
 
 
 @pytest.fixture
@@ -307,7 +312,7 @@ def test_text_mode_answer_hints_then_show_answer(store, capsys):
     text = widgets.show_answer("04-sharing", "sh-ts-facts", store, QUIZZES)
     assert "正确答案：A. " in text and "解析：" in text and store.revealed("04-sharing", "sh-ts-facts")
     fb = widgets.answer("04-sharing", "sh-ts-facts", "a, c, e", store, QUIZZES)
-    assert fb.correct and "√ 回答正确" in capsys.readouterr().out
+    assert fb.correct and "✓ 回答正确" in capsys.readouterr().out
     assert store.get("04-sharing", "sh-ts-facts").answer == ["a", "c", "e"]
     text = render_text(build_quiz("04-sharing", store, QUIZZES).bank, store)
     assert "上次作答：['a', 'c', 'e']（正确，看过答案）" in text

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -145,3 +146,14 @@ def test_the_path_is_the_one_nodes_announce():
     assert rm.node_path("gpu-node-1") == "/metrics/nodes/gpu-node-1/metrics/resource"
     assert rm._PATH.fullmatch(rm.node_path("gpu-node-1"))[1] == "gpu-node-1"
     assert rm.PATH_ANNOTATION == "metrics.k8s.io/resource-metrics-path"
+
+
+def test_the_node_counter_never_goes_back_even_by_a_rounding_error():
+    sim = container("sim", time.time() - 100)
+    metrics = rm.ResourceMetrics(fake_agent("n1", [sim]))
+    first = samples(metrics.page("n1"))[("node_cpu_usage_seconds_total", ())][0]
+    metrics.retired["n1"] = metrics.retired.get("n1", 0.0) - 1e-9  # as re-summing in another order can do
+    metrics.me = SimpleNamespace(oneshot=contextlib.nullcontext, cpu_times=lambda: SimpleNamespace(user=0.0, system=0.0),
+                                 memory_info=lambda: SimpleNamespace(rss=0))
+    second = samples(metrics.page("n1"))[("node_cpu_usage_seconds_total", ())][0]
+    assert second >= first
