@@ -40,6 +40,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -53,6 +54,7 @@ from typing import Any
 import yaml
 
 import gpulab
+from gpulab import _proc
 from gpulab.runtime import sandbox
 
 NOBODY = sandbox.NOBODY
@@ -90,6 +92,46 @@ def _system_path(path: Path) -> bool:
 
 def _within(path: Path, roots: Sequence[Path]) -> bool:
     return any(path == r or r in path.parents for r in roots)
+
+
+# A jail's host directories carry their grader's pid and start time, so that the next grader can
+# remove what a killed one (SIGKILL, OOM) could not: gpulab-run-<pid>-<start>-XXXX, gpulab-jailroot-...
+_OWNED_DIR = re.compile(r"^gpulab-(?:run|jailroot)-(\d+)-(\d+)-")
+
+
+def _owned_prefix(kind: str) -> str:
+    pid = os.getpid()
+    return f"gpulab-{kind}-{pid}-{int(_proc.started(pid) or 0)}-"
+
+
+def sweep_stale(tmp: str | os.PathLike[str] | None = None) -> list[Path]:
+    """Remove the jail directories of graders that are gone; the paths removed.
+
+    A directory of a living grader, or one this account may not remove, is left alone.
+    """
+    removed = []
+    base = Path(tmp or tempfile.gettempdir())
+    try:
+        entries = list(base.iterdir())
+    except OSError:
+        return removed
+    me = os.geteuid()
+    for entry in entries:
+        m = _OWNED_DIR.match(entry.name)
+        if not m:
+            continue
+        try:
+            st = entry.lstat()
+        except OSError:
+            continue
+        if not entry.is_dir() or entry.is_symlink() or (me != 0 and st.st_uid != me):
+            continue
+        if _proc.alive(int(m[1]), float(m[2])):
+            continue
+        shutil.rmtree(entry, ignore_errors=True)
+        if not entry.exists():
+            removed.append(entry)
+    return removed
 
 
 @dataclass
@@ -141,7 +183,7 @@ class Jail:
 
     def make_run_dir(self) -> Path:
         """A fresh private directory: the only writable host path inside the jail."""
-        run_dir = Path(tempfile.mkdtemp(prefix="gpulab-run-"))
+        run_dir = Path(tempfile.mkdtemp(prefix=_owned_prefix("run")))
         run_dir.chmod(0o700)
         self.own(run_dir)
         for sub in ("home", ".runtime"):
@@ -173,7 +215,7 @@ class Jail:
     def spec(self, argv: Sequence[str], env: Mapping[str, str], cwd: Path, run_dir: Path,
              relay_port: int | None) -> dict[str, Any]:
         """The sandbox of one run (:func:`gpulab.runtime.sandbox.prepare`'s JSON): what the jail exposes."""
-        scratch = Path(tempfile.mkdtemp(prefix="gpulab-jailroot-"))
+        scratch = Path(tempfile.mkdtemp(prefix=_owned_prefix("jailroot")))
         scratch.chmod(0o755)  # the process sandbox's user reaches its root, /dev and /tmp in there
         mounts = [sandbox.Mount(str(p), str(p), read_only=True) for p in self.kept()]
         mounts.append(sandbox.Mount(str(run_dir), str(run_dir)))
@@ -209,6 +251,7 @@ class Jail:
         """Raise :class:`JailUnavailable` unless a jail can be created here (tried once)."""
         if self._checked:
             return
+        sweep_stale()  # what graders killed before they could clean up left in the temp directory
         run_dir = self.make_run_dir()
         spec: dict[str, Any] = {}
         try:

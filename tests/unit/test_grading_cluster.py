@@ -79,10 +79,10 @@ def test_setup_and_teardown_hooks_are_read_and_need_cluster_wide():
     assert lab02.cluster_wide and lab02.setup is not None and lab02.teardown is not None
 
 
-def _hooked_sandbox(monkeypatch, setup, teardown, calls):
+def _hooked_sandbox(monkeypatch, setup, teardown, calls, work_dir):
     spec = LabSpec("09-hooks", "09", cluster_wide=True, setup=setup, teardown=teardown)
     client = FakeClient([node("gpu-node-1", gpus=2)])
-    sandbox = ClusterSandbox(client, None, "https://127.0.0.1:1", spec)
+    sandbox = ClusterSandbox(client, None, "https://127.0.0.1:1", spec, work_dir=work_dir)
     for piece in ("_ensure_cluster_roles", "_check_gpus"):
         monkeypatch.setattr(sandbox, piece, lambda *a: None)
     monkeypatch.setattr(sandbox, "_fresh_namespace", lambda ns, learner: client.create(
@@ -92,7 +92,7 @@ def _hooked_sandbox(monkeypatch, setup, teardown, calls):
     return sandbox, client
 
 
-def test_setup_runs_last_in_prepare_and_its_objects_reach_the_collector_only(monkeypatch):
+def test_setup_runs_last_in_prepare_and_its_objects_reach_the_collector_only(monkeypatch, tmp_path):
     calls = []
 
     def setup(env):
@@ -103,7 +103,7 @@ def test_setup_runs_last_in_prepare_and_its_objects_reach_the_collector_only(mon
         return [{"kind": "InjectedFault", "metadata": {"name": "gpu-node-1"}, "layer": "driver"}]
 
     sandbox, client = _hooked_sandbox(monkeypatch, setup, lambda env: calls.append(("teardown", env.namespace)),
-                                      calls)
+                                      calls, tmp_path)
     sandbox.prepare("grade-09-amy", "amy")
     assert calls == [("setup", "grade-09-amy"), ("kubeconfig", "grade-09-amy")]
     found = ClusterCollector(client, sandbox.spec, cluster_kinds=(), extra=sandbox.injected).collect("grade-09-amy")
@@ -116,14 +116,14 @@ def test_setup_runs_last_in_prepare_and_its_objects_reach_the_collector_only(mon
     assert client.get("Namespace", "grade-09-amy") is None
 
 
-def test_teardown_runs_when_setup_fails_and_release_finishes_when_teardown_fails(monkeypatch):
+def test_teardown_runs_when_setup_fails_and_release_finishes_when_teardown_fails(monkeypatch, tmp_path):
     calls = []
 
     def broken_setup(env):
         calls.append("setup")
         raise RuntimeError("fault injection timed out")
 
-    sandbox, client = _hooked_sandbox(monkeypatch, broken_setup, lambda env: calls.append("teardown"), calls)
+    sandbox, client = _hooked_sandbox(monkeypatch, broken_setup, lambda env: calls.append("teardown"), calls, tmp_path)
     with pytest.raises(RuntimeError, match="timed out"):
         sandbox.prepare("grade-09-amy", "amy")
     assert calls == ["setup", "teardown"] and client.get("Namespace", "grade-09-amy") is None
@@ -131,7 +131,7 @@ def test_teardown_runs_when_setup_fails_and_release_finishes_when_teardown_fails
     def broken_teardown(env):
         raise RuntimeError("repair timed out")
 
-    sandbox, client = _hooked_sandbox(monkeypatch, lambda env: None, broken_teardown, calls)
+    sandbox, client = _hooked_sandbox(monkeypatch, lambda env: None, broken_teardown, calls, tmp_path)
     sandbox.prepare("grade-09-bo", "bo")
     with pytest.raises(RuntimeError, match="repair timed out"):
         sandbox.release("grade-09-bo")

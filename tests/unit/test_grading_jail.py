@@ -213,3 +213,26 @@ def test_a_graded_submission_cannot_read_the_solutions(tmp_path, jail):
     assert load_results(ex.results_path) == {
         "absolute": ["blocked", "FileNotFoundError"], "relative": ["blocked", "FileNotFoundError"],
         "in_repo": ["blocked", "FileNotFoundError"], "listed": False, "manifest": True, "checks": True}
+
+
+def test_the_next_grader_removes_what_a_killed_graders_jail_left(tmp_path):
+    """Jail directories carry their grader's pid and start time; those of a dead grader go, a live one's stay."""
+    import subprocess
+    import sys
+
+    from gpulab import _proc
+    from gpulab.grading import jail as jail_mod
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone_start = _proc.started(gone.pid)
+    gone.wait()
+    me = os.getpid()
+    dead_run = tmp_path / f"gpulab-run-{gone.pid}-{int(gone_start)}-abc"
+    dead_root = tmp_path / f"gpulab-jailroot-{gone.pid}-{int(gone_start)}-def"
+    reused_pid = tmp_path / f"gpulab-run-{me}-{int(_proc.started(me)) - 3600}-ghi"  # our pid, another start
+    live = tmp_path / f"{jail_mod._owned_prefix('run')}jkl"
+    other = tmp_path / "gpulab-run-notes"
+    for d in (dead_run, dead_root, reused_pid, live, other):
+        (d / "home").mkdir(parents=True)
+    assert sorted(jail_mod.sweep_stale(tmp_path)) == sorted([dead_run, dead_root, reused_pid])
+    assert live.is_dir() and other.is_dir() and not dead_run.exists()

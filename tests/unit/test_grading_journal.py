@@ -245,7 +245,7 @@ def test_the_sandbox_journals_before_setup_and_removes_the_journal_after_teardow
     spec = LabSpec("09-hooks", "09", cluster_wide=True, setup=setup, teardown=teardown)
     client = FakeClient([node("gpu-node-1")])
     monkeypatch.setattr(baseline, "gpu_nodes", lambda root: {"gpu-node-1": 2})
-    sandbox = ClusterSandbox(client, None, "https://127.0.0.1:1", spec, cluster_root=tmp_path)
+    sandbox = ClusterSandbox(client, None, "https://127.0.0.1:1", spec, cluster_root=tmp_path, work_dir=tmp_path / "work")
     for piece in ("_ensure_cluster_roles", "_check_gpus"):
         monkeypatch.setattr(sandbox, piece, lambda *a: None)
     monkeypatch.setattr(sandbox, "_fresh_namespace", lambda ns, learner: client.create(
