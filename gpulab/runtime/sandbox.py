@@ -48,6 +48,7 @@ import dataclasses
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -352,6 +353,50 @@ def command(spec_path: Path) -> list[str]:
         return _process_argv(spec, spec_path)
     init = Path(__file__).with_name("sandbox_init.py")
     return _unshare_argv() + ["--", sys.executable, "-I", "-S", str(init), str(spec_path)]
+
+
+# What proot may exit with when the processes it traces were killed (it does not say by what):
+# the process sandbox's init turns a signal death of the command into 128 + the signal, but SIGKILL
+# takes that init too.
+PROOT_SIGNALLED = (0, 255)
+
+
+def signal_sandbox(spec_path: Path, leader: int, sig: int) -> None:
+    """Send ``sig`` to the sandboxed processes as a container runtime signals a container's.
+
+    The namespaces sandbox's group is signalled whole. The process sandbox's leader is proot,
+    whose own SIGTERM handler kills what it traces and exits 0 — the workload would neither
+    see the signal nor be seen dying of it — so there the signal goes to the traced processes
+    (proot's descendants) only, and to proot itself when none is left.
+    """
+    targets: list[int] = []
+    try:
+        process_mode = json.loads(Path(spec_path).read_text()).get("sandbox") == "process"
+    except (OSError, ValueError):
+        process_mode = False
+    if process_mode:
+        import psutil
+
+        with contextlib.suppress(psutil.Error):
+            targets = [p.pid for p in psutil.Process(leader).children(recursive=True)]
+    if not targets:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(leader, sig)
+        return
+    for pid in targets:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, sig)
+
+
+def signalled_status(spec_path: Path, returncode: int, sent: int | None) -> int:
+    """The exit status to report for a sandbox the node killed (``sent``): what proot says becomes the SIGKILL."""
+    if sent != signal.SIGKILL or returncode not in PROOT_SIGNALLED:
+        return returncode
+    try:
+        process_mode = json.loads(Path(spec_path).read_text()).get("sandbox") == "process"
+    except (OSError, ValueError):
+        return returncode
+    return -sent if process_mode else returncode
 
 
 def launch_spec_file(spec_path: Path, stdout: int, stderr: int) -> subprocess.Popen:

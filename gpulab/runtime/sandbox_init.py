@@ -43,6 +43,7 @@ import fcntl
 import json
 import os
 import resource
+import signal
 import socket
 import struct
 import sys
@@ -439,7 +440,39 @@ def main(argv: list[str]) -> int:
     except OSError as e:
         print(f"gpulab sandbox: cannot set up {spec.get('what') or 'the container'}: {e}", file=sys.stderr)
         return 128
+    if spec.get("sandbox") == "process":
+        return _run_as_parent(spec)
     return _exec(spec)
+
+
+# Signals the node sends a container's processes: in the process sandbox they reach the command itself.
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
+
+
+def _run_as_parent(spec: dict) -> int:
+    """The process sandbox: run the command as a child and end with its status, as a shell does.
+
+    proot reports a traced process that died of a signal as exit status 0, where a
+    container runtime reports 128 + the signal. Waiting for the command here turns
+    its end into an ordinary exit status (143 for SIGTERM), which proot passes on.
+    This parent ignores the stop signals, which reach the command directly.
+    """
+    for sig in _STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        for sig in _STOP_SIGNALS:
+            signal.signal(sig, signal.SIG_DFL)  # ignored signals would stay ignored across exec
+        os._exit(_exec(spec) or 0)  # _exec returns only when the command could not be started
+    while True:
+        try:
+            _, status = os.waitpid(pid, 0)
+            break
+        except InterruptedError:
+            continue
+    return 128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
 
 
 def _exec(spec: dict) -> int:

@@ -29,6 +29,7 @@ cluster's pod directory when the cluster goes down.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -72,6 +73,7 @@ class ShimHandle:
         self.shim_start: int | None = info.get("shim_start")
         self.pid: int | None = info.get("pid")
         self.started_at: float | None = info.get("started_at")
+        self._sent: int | None = None  # the last signal this handle sent the container
 
     # -- starting and finding ----------------------------------------------------
 
@@ -134,13 +136,11 @@ class ShimHandle:
     # -- stopping ----------------------------------------------------------------
 
     def signal(self, sig: int) -> None:
-        """Signal the container's whole process group (the sandbox leads it)."""
+        """Signal the container's processes (:func:`gpulab.runtime.sandbox.signal_sandbox`)."""
         if self.pid is None:
             return
-        try:
-            os.killpg(self.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
+        self._sent = sig
+        sandbox.signal_sandbox(self.run_dir / SPEC_FILE, self.pid, sig)
 
     def wait(self, timeout: float) -> dict[str, Any] | None:
         """Wait up to ``timeout`` seconds for the exit status; None if it did not come (or the shim died)."""
@@ -168,7 +168,11 @@ class ShimHandle:
                 self.signal(signal.SIGKILL)
                 if self.wait(5) is None:
                     self.kill_shim()
-        return self.exit_status()
+        status = self.exit_status()
+        if status is not None:
+            status = dict(status, returncode=sandbox.signalled_status(self.run_dir / SPEC_FILE,
+                                                                      status["returncode"], self._sent))
+        return status
 
     def kill_shim(self) -> None:
         """Kill the shim itself (its sandbox follows through the parent-death signal)."""
@@ -178,6 +182,9 @@ class ShimHandle:
             except ProcessLookupError:
                 pass
         self.signal(signal.SIGKILL)
+        if self.pid is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.pid, signal.SIGKILL)  # the sandbox's leader too
         if self._popen is not None:
             self._popen.wait()
 

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -107,3 +109,24 @@ def test_the_namespace_sandbox_has_no_network(tmp_path, monkeypatch):
     assert rc == 0, out
     assert "from the volume" in out
     assert out.split()[-1] == "1"  # only a down loopback: nothing to reach
+
+
+@pytest.mark.parametrize("kind", ["namespaces", "process"])
+@pytest.mark.parametrize("argv, expected", [
+    # Dies of SIGTERM (143); as PID 1 of its own PID namespace SIGTERM is ignored and SIGKILL ends it (137).
+    (["sleep", "300"], {"namespaces": 137, "process": 143}),
+    (["sh", "-c", "trap 'echo bye; exit 0' TERM; sleep 300 & wait"], {"namespaces": 0, "process": 0}),
+    (["sh", "-c", "trap '' TERM; sleep 300"], {"namespaces": 137, "process": 137}),  # SIGKILL after the grace
+])
+def test_a_stopped_container_reports_how_it_ended(tmp_path, monkeypatch, kind, argv, expected):
+    """SIGTERM reaches the workload, not the sandbox's tooling, and its end is reported as a runtime would."""
+    if kind == "process" and shutil.which("proot") is None:
+        pytest.skip("proot is not installed (apt-get install proot)")
+    monkeypatch.setenv(sandbox.SANDBOX_ENV, kind)
+    spec = sandbox.SandboxSpec(argv=argv, env={"PATH": sandbox.DEFAULT_PATH}, rootfs=tmp_path / "run" / "rootfs")
+    handle = ShimHandle.start(spec, tmp_path / "run", tmp_path / "log")
+    time.sleep(1.0)
+    status = handle.stop(grace=2)
+    assert status is not None
+    rc = status["returncode"]
+    assert (128 - rc if rc < 0 else rc) == expected[kind], status
