@@ -349,6 +349,18 @@ def judge_explanation(text: Any, concepts: Sequence[tuple[re.Pattern[str], str]]
     return ratio(max(0, sum(hits) - cost), len(concepts), problems)
 
 
+def scheduling_messages(ctx: "Context", pod: str) -> list[str]:
+    """What the scheduler said about ``pod`` in the run's namespace: its ``FailedScheduling`` events' messages,
+    or, where none was captured, the pod's own ``PodScheduled=False`` condition message."""
+    found = [e.get("message") or "" for e in ctx.objects("Event", ctx.namespace)
+             if dig(e, "involvedObject", "name") == pod and e.get("reason") == "FailedScheduling"]
+    if found:
+        return found
+    obj = ctx.object("Pod", pod, ctx.namespace)
+    return [c.get("message") or "" for c in dig(obj, "status", "conditions", default=[]) or []
+            if c.get("type") == "PodScheduled" and c.get("status") == "False"]
+
+
 def allocatable_by_node(ctx: "Context", resource: str = "nvidia.com/gpu") -> dict[str, int]:
     """Nodes whose captured ``status.allocatable`` has ``resource`` > 0, with the count."""
     found = {}

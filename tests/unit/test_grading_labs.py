@@ -200,6 +200,22 @@ def test_lab01_rule_messages_never_name_the_right_letter():
     assert not re.search(r"应(该|为)\s*[ABC]", result.message)
 
 
+def test_lab01_the_broken_rule_is_read_from_the_manifest():
+    def pod(**resources):
+        return {"spec": {"containers": [{"name": "c", "resources": resources}]}}
+
+    assert lab_01.broken_rule(pod(limits={"nvidia.com/gpu": 0.5})) == "A"
+    assert lab_01.broken_rule(pod(limits={"nvidia.com/gpu": "500m"})) == "A"
+    assert lab_01.broken_rule(pod(requests={"nvidia.com/gpu": 1})) == "B"
+    assert lab_01.broken_rule(pod(requests={"nvidia.com/gpu": 1}, limits={"nvidia.com/gpu": 2})) == "C"
+    assert lab_01.broken_rule(pod(requests={"nvidia.com/gpu": 1}, limits={"nvidia.com/gpu": 1})) is None
+    assert lab_01.broken_rule(pod(limits={"cpu": "1"})) is None
+    # the lab's three manifests break three different rules
+    assert sorted(lab_01.broken_rule(lab_01.original(p)) for p in lab_01.MANIFESTS) == ["A", "B", "C"]
+    source = Path(lab_01.__file__).read_text(encoding="utf-8")
+    assert not re.search(r'"gpu-(half|unequal|request-only)":\s*"[ABC]"', source)
+
+
 # --------------------------------------------------------------------------- lab 03
 
 
@@ -331,13 +347,82 @@ def test_lab02_layer_hints_never_name_the_broken_layer():
 # --------------------------------------------------------------------------- lab 08
 
 
+def _lab08_run(*, allocatable=1, capacity=2, train_said="0/3 nodes are available: 3 Insufficient nvidia.com/gpu.",
+               infer_log="CUDA error: CUDA driver version is insufficient for CUDA runtime version\n",
+               dev_said="0/3 nodes are available: 1 node(s) had untolerated taint(s), "
+                        "2 Insufficient nvidia.com/gpu. preemption: 0/3 nodes are available: "
+                        "3 Preemption is not helpful for scheduling."):
+    """What the grader captures from a lab 08 run: the GPU node, the three pods, their events and logs."""
+    node = {"kind": "Node", "metadata": {"name": "gpu-node-1"},
+            "status": {"capacity": {"nvidia.com/gpu": str(capacity)},
+                       "allocatable": {"nvidia.com/gpu": str(allocatable)}}}
+    objects = [node]
+    for pod, phase, said, log in (("train", "Pending", train_said, ""), ("infer", "Failed", "", infer_log),
+                                  ("dev-notebook", "Pending", dev_said, "")):
+        objects.append({"kind": "Pod", "metadata": {"name": pod, "namespace": "ns"}, "status": {"phase": phase}})
+        if said:
+            objects.append({"kind": "Event", "metadata": {"name": f"{pod}.1", "namespace": "ns"},
+                            "involvedObject": {"kind": "Pod", "name": pod}, "reason": "FailedScheduling",
+                            "message": said})
+        if log:
+            objects.append({"kind": "PodLog", "metadata": {"name": pod, "namespace": "ns"}, "log": log})
+    return objects
+
+
+def test_lab08_causes_are_read_from_what_the_run_showed():
+    def seen(pod, **run):
+        return lab_08.observed_cause(Context.from_objects(_lab08_run(**run), namespace="ns"), pod)[0]
+
+    assert [seen(p) for p in lab_08.SYMPTOMS] == ["gpu-unhealthy", "cuda-driver-too-old", "untolerated-taint"]
+    assert seen("train", allocatable=0) == "device-plugin-down"
+    assert seen("train", allocatable=2) == "gpus-in-use"
+    assert seen("train", train_said="0/3 nodes are available: 3 node(s) didn't match Pod's node "
+                                    "affinity/selector.") == "selector-mismatch"
+    assert seen("infer", infer_log="CUDA error: no CUDA-capable device is detected\n") == "no-devices"
+    # the scheduler's message also counts when it is only on the pod (no event captured)
+    objects = [o for o in _lab08_run() if o["kind"] != "Event"]
+    objects[1]["status"]["conditions"] = [{"type": "PodScheduled", "status": "False",
+                                           "message": "0/3 nodes are available: 3 Insufficient nvidia.com/gpu."}]
+    assert lab_08.observed_cause(Context.from_objects(objects, namespace="ns"), "train")[0] == "gpu-unhealthy"
+
+
+def test_lab08_a_cause_the_run_did_not_show_is_not_assumed():
+    ctx = Context.from_objects(_lab08_run(infer_log="model loaded\n"), {"causes": {"infer": "cuda-driver-too-old"}},
+                               namespace="ns")
+    result = lab_08._cause_check(ctx, "infer")
+    assert result.fraction == 0 and "Failed" in result.message and "无法核对" in result.message
+    missing = Context.from_objects(_lab08_run()[:1], {"causes": {"train": "gpu-unhealthy"}}, namespace="ns")
+    assert "没有 train 这个 Pod" in lab_08._cause_check(missing, "train").message
+    # the same answers are right when the run showed them
+    ctx = Context.from_objects(_lab08_run(), {"causes": {"train": "gpu-unhealthy", "infer": "cuda-driver-too-old",
+                                                         "dev-notebook": "untolerated-taint"},
+                                              "fixable": {"train": False, "infer": True, "dev-notebook": True}},
+                               namespace="ns")
+    assert all(lab_08._cause_check(ctx, p).passed for p in lab_08.SYMPTOMS) and lab_08.fixable(ctx).passed
+
+
 def test_lab08_cause_hints_never_name_the_cause():
-    for pod, truth in lab_08.TRUTH.items():
+    runs = {"gpu-unhealthy": {}, "device-plugin-down": {"allocatable": 0}, "gpus-in-use": {"allocatable": 2}}
+    for truth, run in runs.items():
+        ctx_objects = _lab08_run(**run)
         for wrong in lab_08.CAUSES:
             if wrong == truth:
                 continue
-            result = lab_08._cause_check(Context({"causes": {pod: wrong}}), pod)
-            assert result.fraction == 0 and truth not in result.message, (pod, wrong)
+            ctx = Context.from_objects(ctx_objects, {"causes": {"train": wrong}}, namespace="ns")
+            result = lab_08._cause_check(ctx, "train")
+            assert result.fraction == 0 and truth not in result.message, (truth, wrong)
+    for pod, truth in (("infer", "cuda-driver-too-old"), ("dev-notebook", "untolerated-taint")):
+        for wrong in lab_08.CAUSES:
+            if wrong != truth:
+                ctx = Context.from_objects(_lab08_run(), {"causes": {pod: wrong}}, namespace="ns")
+                result = lab_08._cause_check(ctx, pod)
+                assert result.fraction == 0 and truth not in result.message, (pod, wrong)
+
+
+def test_lab08_holds_no_answer_key():
+    source = Path(lab_08.__file__).read_text(encoding="utf-8")
+    assert not re.search(r'"(train|infer|dev-notebook)":\s*"(' + "|".join(lab_08.CAUSES) + ')"', source)
+    assert not re.search(r'"(train|infer|dev-notebook)":\s*(True|False)', source)
 
 
 def _infer_fixed(image, phase="Succeeded", gpus=1):
@@ -363,6 +448,11 @@ def test_lab08_infer_fix_compares_the_images_cuda_with_the_drivers():
     assert too_new.fraction == pytest.approx(1 / 3) and "仍然比节点驱动支持的 CUDA 版本新" in too_new.message
     assert "看不出 CUDA 版本" in result(_infer_fixed("nvcr.io/nvidia/cuda:latest"), log).message
     assert "1 张卡" in result(_infer_fixed("nvcr.io/nvidia/cuda:12.6.2-base-ubuntu24.04", gpus=2), log).message
+    # no node says which CUDA its driver supports: the check says so instead of assuming a version
+    unlabelled = lab_08.fix_infer(Context.from_objects(
+        [{"kind": "Node", "metadata": {"name": "gpu-node-1"}}, _infer_fixed("nvcr.io/nvidia/cuda:12.6.2"), log],
+        namespace="ns"))
+    assert unlabelled.fraction == pytest.approx(2 / 3) and "无法核对" in unlabelled.message
 
 
 def test_lab08_explanations_credit_concepts_in_either_language():

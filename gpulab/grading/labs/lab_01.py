@@ -26,7 +26,6 @@ GPU = "nvidia.com/gpu"
 MANIFESTS = {"gpu-half": "half-gpu.yaml", "gpu-unequal": "unequal.yaml", "gpu-request-only": "request-only.yaml"}
 # Which of the chapter's three rules each broken manifest breaks (the notebook lists them as A/B/C).
 RULES = {"A": "只能是整数", "B": "必须写 limits", "C": "requests 必须等于 limits"}
-BROKEN_RULE = {"gpu-half": "A", "gpu-unequal": "C", "gpu-request-only": "B"}
 NEEDED_GPUS = 1  # every broken manifest says the workload needs one card
 
 
@@ -34,6 +33,22 @@ def original(pod: str) -> dict:
     """The broken manifest as shipped (what the fix must keep apart from resources)."""
     path = paths.manifests() / "labs" / LAB / MANIFESTS[pod]
     return yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+
+
+def broken_rule(manifest: dict) -> str | None:
+    """Which of :data:`RULES` a Pod manifest's ``nvidia.com/gpu`` breaks, read from its resources (the first
+    broken one in the order the chapter gives them), or None."""
+    for c in dig(manifest, "spec", "containers", default=[]) or []:
+        limits = dig(c, "resources", "limits", default={}) or {}
+        requests = dig(c, "resources", "requests", default={}) or {}
+        values = [v for v in (limits.get(GPU), requests.get(GPU)) if v is not None]
+        if any(quantity_int(v) is None for v in values):
+            return "A"
+        if GPU in requests and GPU not in limits:
+            return "B"
+        if GPU in requests and quantity_int(requests[GPU]) != quantity_int(limits[GPU]):
+            return "C"
+    return None
 
 
 @check("gpu-node-count", points=1, title="数出了上报 nvidia.com/gpu 的节点数")
@@ -78,7 +93,8 @@ def rules_identified(ctx: Context):
     if not isinstance(recorded, dict):
         return failed("violated 应该是「Pod 名 → 规矩的字母（A/B/C）」的字典。")
     problems, right = [], 0
-    for pod, rule in BROKEN_RULE.items():
+    broken = {pod: broken_rule(original(pod)) for pod in MANIFESTS}
+    for pod, rule in broken.items():
         answer = str(recorded.get(pod) or "").strip().upper()
         if answer == rule:
             right += 1
@@ -88,7 +104,7 @@ def rules_identified(ctx: Context):
             problems.append(f"{pod} 的答案 {answer!r} 不是 A/B/C 之一")
         else:
             problems.append(f"{pod} 的判断不对：对照 apiserver 拒绝它时的原话再看一遍")
-    return ratio(right, len(BROKEN_RULE), problems)
+    return ratio(right, len(broken), problems)
 
 
 def _gpu_fix(ctx: Context, pod_name: str):

@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 
 from gpulab.grading.checks import (Context, WrongClaim, check, dig, failed, judge_explanation, partial, passed,
-                                   pod_spec, quantity_int, ratio)
+                                   pod_spec, quantity_int, ratio, scheduling_messages)
 
 LAB = "03-taints-tolerations"
 CLUSTER_WIDE = True
@@ -48,11 +48,6 @@ def tolerates_gpu_taint(spec: dict) -> bool:
         if op == "Equal" and key == GPU and t.get("value") == TAINT["value"]:
             return True
     return False
-
-
-def scheduling_messages(ctx: Context, pod: str) -> list[str]:
-    return [e.get("message") or "" for e in ctx.objects("Event", ctx.namespace)
-            if dig(e, "involvedObject", "name") == pod and e.get("reason") == "FailedScheduling"]
 
 
 @check("node-label-taint", points=3, title="GPU 节点打上了角色标签和 GPU 污点")

@@ -21,15 +21,20 @@ run did: the fixture :mod:`gpulab.grading.fixtures.gpu_trouble`
 
 Recorded: ``causes``, ``fixable`` and ``explanations`` (dicts keyed by the
 three Pod names). The faults reach the checks as an ``InjectedFault`` object.
+A named cause is judged against what the run showed (:func:`observed_cause`:
+the pod's log, the scheduler's message, the GPU nodes' capacity and
+allocatable), not against a list of answers: a run that went another way is
+judged by what it did, and this module holds no answer key.
 """
 
 from __future__ import annotations
 
 import re
 
+from gpulab.fakegpu.cudaerrors import CUDA_ERROR_INSUFFICIENT_DRIVER, CUDA_ERROR_NO_DEVICE
 from gpulab.grading import fixtures
 from gpulab.grading.checks import (Context, WrongClaim, check, containers, dig, failed, judge_explanation, passed,
-                                   pod_spec, quantity_int, ratio)
+                                   pod_spec, quantity_int, ratio, scheduling_messages)
 from gpulab.grading.fixtures import gpu_trouble as fixture
 
 LAB = "08-troubleshooting"
@@ -47,8 +52,11 @@ INJECTED = fixtures.INJECTED
 SYMPTOMS = ("train", "infer", "dev-notebook")
 CAUSES = ("gpu-unhealthy", "device-plugin-down", "gpus-in-use", "untolerated-taint", "selector-mismatch",
           "cuda-driver-too-old", "no-devices")
-TRUTH = {"train": "gpu-unhealthy", "infer": "cuda-driver-too-old", "dev-notebook": "untolerated-taint"}
-FIXABLE = {"train": False, "infer": True, "dev-notebook": True}
+#: Which causes a user fixes in their own manifest (an image, a toleration, a selector); the others need
+#: an administrator (a card, a node's device plugin) or patience (cards other pods hold).
+USER_FIXABLE = {"gpu-unhealthy": False, "device-plugin-down": False, "gpus-in-use": False,
+                "untolerated-taint": True, "selector-mismatch": True, "cuda-driver-too-old": True,
+                "no-devices": False}
 CUDA_LABEL = "nvidia.com/cuda.runtime-version.full"  # the CUDA version the *driver* supports
 
 
@@ -59,27 +67,63 @@ TEARDOWN = fixture.teardown
 
 # --------------------------------------------------------------------------- checks
 
+# Hints for a wrong cause, by the cause the run showed and the one the learner named; none names the cause.
 _CAUSE_HINTS = {
-    "train": {
+    "gpu-unhealthy": {
         "device-plugin-down": "如果 device plugin 没在上报，allocatable 里会一张卡都没有；现在 GPU 节点的 allocatable 是多少？",
         "gpus-in-use": "集群里真有别的 Pod 占着这台节点的卡吗？用章节里那条列出所有申请了 GPU 的 Pod 的命令核对一下。",
-        "untolerated-taint": "train 带着容忍：调度器给它的原因里，GPU 节点是因为污点被排除的吗？",
-        "selector-mismatch": "train 没有写节点选择：调度器给它的原因里，GPU 节点是因为标签被排除的吗？",
+        "untolerated-taint": "调度器给 {pod} 的原因里，GPU 节点是因为污点被排除的吗？",
+        "selector-mismatch": "调度器给 {pod} 的原因里，GPU 节点是因为标签被排除的吗？",
     },
-    "infer": {
-        "no-devices": "infer 的日志里是哪一条 CUDA 错误？「没有设备」和「驱动版本不够」不是一回事。",
+    "cuda-driver-too-old": {
+        "no-devices": "{pod} 的日志里是哪一条 CUDA 错误？「没有设备」和「驱动版本不够」不是一回事。",
     },
-    "dev-notebook": {
-        "gpus-in-use": "调度器的消息里，GPU 节点是因为什么被排除的？不是每台节点都是因为卡不够。",
-        "gpu-unhealthy": "调度器的消息里，GPU 节点是因为什么被排除的？不是每台节点都是因为卡不够。",
-        "device-plugin-down": "调度器的消息里，GPU 节点是因为什么被排除的？不是每台节点都是因为卡不够。",
+    "untolerated-taint": {
+        wrong: "调度器的消息里，GPU 节点是因为什么被排除的？不是每台节点都是因为卡不够。"
+        for wrong in ("gpus-in-use", "gpu-unhealthy", "device-plugin-down")
     },
 }
 _CAUSE_GENERIC = {
-    "train": "train 停在 Pending：先读调度器给的原因，再比较 GPU 节点的 capacity 和 allocatable，看少掉的卡去哪了。",
-    "infer": "infer 已经被调度、也分到了卡，是在容器里失败的：读它的日志，再对比节点驱动支持的 CUDA 版本和镜像里的 CUDA 版本。",
-    "dev-notebook": "dev-notebook 停在 Pending：读调度器给的原因，每一类被排除的节点各是为什么。",
+    "gpu-unhealthy": "{pod} 停在 Pending：先读调度器给的原因，再比较 GPU 节点的 capacity 和 allocatable，看少掉的卡去哪了。",
+    "device-plugin-down": "{pod} 停在 Pending：先读调度器给的原因，再比较 GPU 节点的 capacity 和 allocatable，"
+                          "看看是谁在给 kubelet 报卡。",
+    "gpus-in-use": "{pod} 停在 Pending：先读调度器给的原因，再列出所有申请了 GPU 的 Pod，看这台节点的卡分给了谁。",
+    "untolerated-taint": "{pod} 停在 Pending：读调度器给的原因，每一类被排除的节点各是为什么。",
+    "selector-mismatch": "{pod} 停在 Pending：读调度器给的原因，再对照 Pod 要求的标签和节点上的标签。",
+    "cuda-driver-too-old": "{pod} 已经被调度、也分到了卡，是在容器里失败的：读它的日志，"
+                           "再对比节点驱动支持的 CUDA 版本和镜像里的 CUDA 版本。",
+    "no-devices": "{pod} 已经被调度，是在容器里失败的：读它的日志，看看容器里能不能看到 GPU。",
 }
+# What CUDA prints (cudaGetErrorString) for the two causes a log shows.
+_CUDA_ERRORS = ((CUDA_ERROR_INSUFFICIENT_DRIVER.message, "cuda-driver-too-old"),
+                (CUDA_ERROR_NO_DEVICE.message, "no-devices"))
+
+
+def observed_cause(ctx: Context, pod: str) -> tuple[str | None, str]:
+    """The cause the run showed for ``pod`` (one of :data:`CAUSES`), from what the grader captured — the pod's
+    log, what the scheduler said, the GPU nodes' capacity and allocatable — or ``None`` and what was seen."""
+    obj = ctx.object("Pod", pod, ctx.namespace)
+    if obj is None:
+        return None, f"评分时集群里没有 {pod} 这个 Pod，无法核对你对它的判断。"
+    log = _log(ctx, pod)
+    for text, cause in _CUDA_ERRORS:
+        if text in log:
+            return cause, ""
+    said = " ".join(m.split(" preemption:")[0] for m in scheduling_messages(ctx, pod))
+    if "untolerated taint" in said:
+        return "untolerated-taint", ""
+    if f"Insufficient {GPU}" in said:
+        gpu_nodes = [n for n in ctx.objects("Node") if quantity_int(dig(n, "status", "capacity", GPU))]
+        allocatable = [quantity_int(dig(n, "status", "allocatable", GPU)) or 0 for n in gpu_nodes]
+        if gpu_nodes and not any(allocatable):
+            return "device-plugin-down", ""
+        if any(a < quantity_int(dig(n, "status", "capacity", GPU)) for n, a in zip(gpu_nodes, allocatable)):
+            return "gpu-unhealthy", ""
+        return "gpus-in-use", ""
+    if "node affinity/selector" in said:
+        return "selector-mismatch", ""
+    phase = dig(obj, "status", "phase") or "?"
+    return None, f"评分时 {pod} 处于 {phase}，调度器没有给出原因，日志里也没有 CUDA 错误：看不出它出了什么问题，无法核对。"
 
 
 def _cause_check(ctx: Context, pod: str):
@@ -89,9 +133,13 @@ def _cause_check(ctx: Context, pod: str):
     answer = causes.get(pod)
     if answer not in CAUSES:
         return failed(f"causes[\"{pod}\"] 应该是 {', '.join(CAUSES)} 之一。")
-    if answer == TRUTH[pod]:
+    truth, seen = observed_cause(ctx, pod)
+    if truth is None:
+        return failed(seen)
+    if answer == truth:
         return passed()
-    return failed(f"{pod} 的原因判断得不对。" + _CAUSE_HINTS[pod].get(answer, _CAUSE_GENERIC[pod]))
+    hint = _CAUSE_HINTS.get(truth, {}).get(answer, _CAUSE_GENERIC[truth])
+    return failed(f"{pod} 的原因判断得不对。" + hint.format(pod=pod))
 
 
 @check("cause-train", points=2, title="train 为什么 Pending")
@@ -114,10 +162,13 @@ def fixable(ctx: Context):
     answer = ctx.value("fixable")
     if not isinstance(answer, dict) or not all(isinstance(answer.get(p), bool) for p in SYMPTOMS):
         return failed("fixable 应该是一个字典：三个 Pod 名 → True 或 False。")
-    wrong = [p for p in SYMPTOMS if answer[p] != FIXABLE[p]]
-    if not wrong:
+    seen = {p: observed_cause(ctx, p) for p in SYMPTOMS}
+    unknown = [msg for cause, msg in seen.values() if cause is None]
+    wrong = [p for p in SYMPTOMS if seen[p][0] is not None and answer[p] != USER_FIXABLE[seen[p][0]]]
+    if not wrong and not unknown:
         return passed()
-    return ratio(3 - len(wrong), 3, [f"{p} 的判断不对：问题出在 Pod 的清单里，还是出在节点和硬件上？" for p in wrong])
+    return ratio(3 - len(wrong) - len(unknown), 3,
+                 [f"{p} 的判断不对：问题出在 Pod 的清单里，还是出在节点和硬件上？" for p in wrong] + unknown)
 
 
 def _cuda_runtime(image: str) -> tuple[int, int] | None:
@@ -125,14 +176,14 @@ def _cuda_runtime(image: str) -> tuple[int, int] | None:
     return (int(match.group(1)), int(match.group(2))) if match else None
 
 
-def _driver_cuda(ctx: Context) -> tuple[int, int]:
-    """The oldest CUDA version the GPU nodes' drivers support (GFD's label), e.g. (13, 0)."""
+def _driver_cuda(ctx: Context) -> tuple[int, int] | None:
+    """The oldest CUDA version the GPU nodes' drivers support (GFD's label), e.g. (13, 0); None if no node says."""
     found = []
     for node in ctx.objects("Node"):
         match = re.fullmatch(r"(\d+)\.(\d+)", (node["metadata"].get("labels") or {}).get(CUDA_LABEL) or "")
         if match:
             found.append((int(match.group(1)), int(match.group(2))))
-    return min(found, default=(13, 0))
+    return min(found, default=None)
 
 
 def _log(ctx: Context, pod: str) -> str:
@@ -160,7 +211,11 @@ def fix_infer(ctx: Context):
     main = containers(pod)
     problems, score = [], 0
     runtimes = [_cuda_runtime(c.get("image", "")) for c in main]
-    if runtimes and all(r is not None and r <= _driver_cuda(ctx) for r in runtimes):
+    driver = _driver_cuda(ctx)
+    if driver is None:
+        problems.append(f"评分时没有一台节点带 {CUDA_LABEL} 标签，看不出驱动支持到哪个 CUDA 版本，"
+                        "无法核对 infer-fixed 的镜像；请联系讲师")
+    elif runtimes and all(r is not None and r <= driver for r in runtimes):
         score += 1
     elif any(r is None for r in runtimes):
         problems.append("infer-fixed 的镜像看不出 CUDA 版本：继续用 NVIDIA 的 cuda 镜像，只换版本")
