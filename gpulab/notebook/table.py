@@ -62,6 +62,8 @@ class Table(list):
     def _cell(v: Any) -> str:
         if v is None or v == "":
             return "-"
+        if isinstance(v, bool):  # a learner reads 是/否, the row keeps the bool for the code
+            return "是" if v else "否"
         if isinstance(v, (list, tuple)):
             return ", ".join(map(str, v)) or "-"
         return str(v)

@@ -296,6 +296,25 @@ def test_table_headers_are_chinese(notebook):
                        + ", ".join(f"{k!r} (cells {', '.join(sorted(c))})" for k, c in sorted(found.items())))
 
 
+def python_booleans(nb) -> list[str]:
+    """Cells whose outputs show a learner Python's True/False: a bare result, or a table cell."""
+    found = []
+    for i, cell in enumerate(nb.cells):
+        for out in cell.get("outputs", []):
+            data = out.get("data", {})
+            bare = "".join(data.get("text/plain", "")).strip() in ("True", "False")
+            in_table = re.search(r"<td[^>]*>(True|False)</td>", "".join(data.get("text/html", "")))
+            if out.get("output_type") == "execute_result" and bare or in_table:
+                found.append(str(i))
+    return found
+
+
+def test_outputs_show_no_python_booleans(notebook):
+    found = python_booleans(nbformat.read(notebook, as_version=4))
+    assert not found, (f"{notebook.name} shows a learner Python's True/False in cells {', '.join(found)}: a Table "
+                       "shows a bool as 是/否; a cell that ends in a call whose result is not the point ends in ';'")
+
+
 # The same checks on synthetic notebooks: each bites, and passes on a good one.
 
 def _synthetic(setup_source: str, *outputs: str, sources: tuple[str, ...] = (), run: dict | None = None):
@@ -379,3 +398,13 @@ def test_english_table_headers_are_found():
         "text/plain": "x", "text/html": "<table><thead><tr><th>节点<br><code>NODE</code></th><th><code>POD</code></th>"
                                         "<th>LAST LOG LINE</th></tr></thead></table>"}, execution_count=1)]
     assert english_headers(nb) == {"LAST LOG LINE": {"0"}}
+
+
+def test_python_booleans_are_found():
+    nb = _synthetic("lab = setup('00-x')", sources=("wait_for(ok)", "t", "print(True)"))
+    nb.cells[1].outputs = [nbformat.v4.new_output("execute_result", data={"text/plain": "True"}, execution_count=1)]
+    nb.cells[2].outputs = [nbformat.v4.new_output("execute_result", data={
+        "text/plain": "x", "text/html": "<table><tr><td style=\"text-align:left\">False</td></tr></table>"},
+        execution_count=2)]
+    nb.cells[3].outputs = [nbformat.v4.new_output("stream", name="stdout", text="True\n")]
+    assert python_booleans(nb) == ["1", "2"]

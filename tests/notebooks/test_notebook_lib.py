@@ -55,6 +55,13 @@ def test_table_shows_missing_values_as_dash_and_empty_tables_say_so():
     assert str(nb.Table([], ["POD", "NODE"])).splitlines() == ["POD   节点 NODE", "(无)"]
 
 
+def test_table_shows_booleans_in_chinese_and_keeps_them_for_code():
+    t = nb.Table([{"POD": "a", "READY": True}, {"POD": "b", "READY": False}])
+    assert [line.split()[-1] for line in str(t).splitlines()[1:]] == ["是", "否"]
+    assert "<td style=\"text-align:left\">是</td>" in t._repr_html_()
+    assert t.column("READY") == [True, False]
+
+
 def test_table_headers_show_the_chinese_name_over_the_key_code_reads():
     t = nb.Table([{"NODE": "gpu-node-1", "POD": "a", "STATUS": "Running"}])
     assert str(t).splitlines()[0] == "节点 NODE    POD   状态 STATUS"
