@@ -65,17 +65,20 @@ class SoakFailure(AssertionError):
     pass
 
 
-def _wait(check: Callable[[], str | None], timeout: float, interval: float = 0.25) -> None:
-    """Until ``check`` returns None (all good); raises SoakFailure with its last complaint."""
+def _wait(check: Callable[[], str | None], timeout: float, interval: float = 0.25) -> str | None:
+    """Until ``check`` returns None (all good); returns the last complaint it gave before that (what the
+    wait was on; None if all was good at once), raises SoakFailure with it when the time runs out."""
     deadline = time.monotonic() + timeout
     problem: str | None = "not checked"
+    last: str | None = None
     while time.monotonic() < deadline:
         try:
             problem = check()
         except (api.ApiError, OSError) as e:  # the apiserver may still be coming back
             problem = f"API not answering: {e}"
         if problem is None:
-            return
+            return last
+        last = problem
         time.sleep(interval)
     raise SoakFailure(problem)
 
@@ -226,6 +229,7 @@ class Cycle:
     up_s: float
     recover_s: float
     problem: str | None
+    waited_on: str | None = None  # the last check that was not yet true before all were
 
 
 def gpulab_up(home: Path) -> subprocess.CompletedProcess:
@@ -246,10 +250,10 @@ def crash(cluster: EmbeddedCluster, home: Path, work: Workload, component: str, 
     if proc.returncode != 0:
         return Cycle(component, up_s, float("nan"), f"gpulab up failed: {proc.stderr.strip()[-300:]}")
     try:
-        _wait(work.problem, timeout)
+        waited_on = _wait(work.problem, timeout)
     except SoakFailure as e:
         return Cycle(component, up_s, float("nan"), str(e))
-    return Cycle(component, up_s, time.monotonic() - t0, None)
+    return Cycle(component, up_s, time.monotonic() - t0, None, waited_on)
 
 
 def soak(cluster: EmbeddedCluster, home: Path, cycles: int, components: list[str],
@@ -267,6 +271,8 @@ def soak(cluster: EmbeddedCluster, home: Path, cycles: int, components: list[str
                 cycle = crash(cluster, home, work, component)
                 results.append(cycle)
                 state = "ok" if cycle.problem is None else f"FAILED: {cycle.problem}"
+                if cycle.problem is None and cycle.recover_s - cycle.up_s > 5:
+                    state += f" (the last wait was on: {cycle.waited_on})"
                 say(f"soak: {component} {i + 1}/{cycles}: up {cycle.up_s:.1f} s, "
                     f"recovered {cycle.recover_s:.1f} s, {state}")
                 if cycle.problem is not None:
