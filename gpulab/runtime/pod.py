@@ -38,6 +38,10 @@ log = logging.getLogger("gpulab.runtime")
 BACKOFF_INITIAL = 10.0
 BACKOFF_MAX = 300.0
 VAR_REF = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)|\$\$")
+#: The pod conditions this node side writes (others, such as the scheduler's PodScheduled, are kept as found).
+KUBELET_CONDITIONS = ("PodReadyToStartContainers", "Initialized", "ContainersReady", "Ready")
+#: How the kubelet's status message of a pod refused at admission begins.
+REJECTED = "Pod was rejected: "
 
 
 class ConfigError(Exception):
@@ -79,6 +83,7 @@ class PodWorker(threading.Thread):
         self.pushed: dict[str, Any] | None = None
         self.initialized = not self.init
         self.admitted = False
+        self.rejected = False  # refused at admission: never started, reported as the kubelet's rejectPod does
         self.adopted = False  # it ran under an earlier node agent
         self.devices_released = False
         self.last_event: dict[tuple[str, str], float] = {}
@@ -130,6 +135,8 @@ class PodWorker(threading.Thread):
             self.pushed = status
             if status.get("reason"):
                 self.terminal_reason = (status["reason"], status.get("message") or "")
+            self.rejected = (phase == "Failed" and not status.get("containerStatuses")
+                             and (status.get("message") or "").startswith(REJECTED))
             for c, cs in list(_pair(self.init, status.get("initContainerStatuses"))) + list(
                     _pair(self.main, status.get("containerStatuses"))):
                 self._adopt_container(c, cs)
@@ -251,7 +258,11 @@ class PodWorker(threading.Thread):
             self._event("WaitingForDevicePlugin", str(e), every=30)
             return False
         except AdmissionError as e:
-            self._fail(e.reason, e.message)
+            # The kubelet's rejectPod: a Warning event with the handler's message, and a Failed status
+            # that holds only the phase, the reason and "Pod was rejected: <message>" (no containers:
+            # none was ever created, so kubectl shows the reason as the pod's STATUS).
+            self._event(e.reason, e.message, "Warning")
+            self.terminal, self.terminal_reason, self.rejected = "Failed", (e.reason, REJECTED + e.message), True
             return False
         self.admitted = True
         return True
@@ -598,6 +609,14 @@ class PodWorker(threading.Thread):
 
     def status(self) -> dict[str, Any]:
         old = self.pod.get("status") or {}
+        if self.rejected:
+            rejected: dict[str, Any] = {
+                "phase": "Failed", "startTime": rfc3339(self.start_time or time.time()),
+                "conditions": [c for c in old.get("conditions") or [] if c.get("type") not in KUBELET_CONDITIONS]}
+            rejected["reason"], rejected["message"] = self.terminal_reason or ("", "")
+            if old.get("qosClass"):
+                rejected["qosClass"] = old["qosClass"]
+            return rejected
         now = rfc3339(time.time())
         containers = [c.status() for c in self.main]
         inits = [c.status() for c in self.init]
@@ -616,8 +635,7 @@ class PodWorker(threading.Thread):
             all_ready = False
         conditions = []
         for cond in old.get("conditions") or []:
-            if cond.get("type") in ("PodScheduled", "DisruptionTarget") or cond.get("type") not in (
-                    "PodReadyToStartContainers", "Initialized", "ContainersReady", "Ready"):
+            if cond.get("type") not in KUBELET_CONDITIONS:
                 conditions.append(cond)
         prev = {c["type"]: c for c in old.get("conditions") or []}
 
@@ -667,7 +685,8 @@ class PodWorker(threading.Thread):
             return
         patch_status = dict(status)
         # Keys we own but no longer set must be removed (merge patch: null).
-        for key in ("reason", "message", "podIP", "podIPs", "initContainerStatuses"):
+        for key in ("reason", "message", "podIP", "podIPs", "initContainerStatuses", "containerStatuses", "hostIP",
+                    "hostIPs"):
             patch_status.setdefault(key, None)
         try:
             self.client.patch("Pod", self.key[1], {"status": patch_status}, self.key[0], subresource="status")

@@ -170,14 +170,20 @@ def test_gpulab_nvidia_smi_shows_the_hosts_gpus_and_processes(kube, ns, gpulab_h
     assert bad.returncode == 1 and "no GPU state for node 'cpu-node-1'" in bad.stderr
 
 
-def test_pinning_more_gpus_than_the_node_has_is_refused_by_the_kubelet(kube, ns):
+def test_pinning_more_gpus_than_the_node_has_is_refused_by_the_kubelet(kube, ns, kubectl):
     # nodeName bypasses the scheduler; the kubelet's admission has the last word.
     create(kube, ns, gpu_pod("greedy", count=3, command=["true"], nodeName=GPU_NODE))
     pod = wait_phase(kube, ns, "greedy", "Failed")
     assert pod["status"]["reason"] == "OutOfnvidia.com/gpu"
     # "used" counts GPUs still held by earlier tests' pods, which may be terminating.
-    assert re.fullmatch(r"Node didn't have enough resource: nvidia.com/gpu, requested: 3, used: [0-2], capacity: 2",
-                        pod["status"]["message"]), pod["status"]["message"]
+    assert re.fullmatch(r"Pod was rejected: Node didn't have enough resource: nvidia.com/gpu, requested: 3, "
+                        r"used: [0-2], capacity: 2", pod["status"]["message"]), pod["status"]["message"]
+    # As the kubelet's rejectPod leaves it: no container was created, so kubectl shows the reason.
+    assert "containerStatuses" not in pod["status"]
+    assert kubectl("-n", ns, "get", "pod", "greedy", "--no-headers").stdout.split()[2] == "OutOfnvidia.com/gpu"
+    event = next(e for e in kube.list("Event", ns, field_selector="involvedObject.name=greedy")
+                 if e["reason"] == "OutOfnvidia.com/gpu")
+    assert event["type"] == "Warning" and event["message"].startswith("Node didn't have enough resource")
 
 
 def test_a_pod_bound_as_another_finishes_gets_its_gpus(kube, ns):

@@ -138,7 +138,7 @@ def test_a_shared_gpu_request_over_one_fails_admission(kube, ns, kubectl, time_s
     pod = wait_phase(kube, ns, "two", "Failed")
     assert pod["status"]["reason"] == "UnexpectedAdmissionError"
     message = pod["status"]["message"]
-    assert message.startswith("Allocate failed due to rpc error: code = Unknown desc = ")
+    assert message.startswith("Pod was rejected: Allocate failed due to rpc error: code = Unknown desc = ")
     assert "maximum request size for shared resources is 1; found 2" in message
     assert message.endswith(", which is unexpected")
     events = kube.list("Event", ns, field_selector="involvedObject.name=two")
