@@ -361,6 +361,11 @@ def scheduling_messages(ctx: "Context", pod: str) -> list[str]:
             if c.get("type") == "PodScheduled" and c.get("status") == "False"]
 
 
+def nodes_with(ctx: "Context", resource: str = "nvidia.com/gpu") -> list[dict[str, Any]]:
+    """The captured Nodes whose ``status.capacity`` has ``resource`` > 0 (the GPU nodes, by default)."""
+    return [n for n in ctx.objects("Node") if quantity_int(dig(n, "status", "capacity", resource))]
+
+
 def allocatable_by_node(ctx: "Context", resource: str = "nvidia.com/gpu") -> dict[str, int]:
     """Nodes whose captured ``status.allocatable`` has ``resource`` > 0, with the count."""
     found = {}

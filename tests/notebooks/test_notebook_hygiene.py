@@ -304,7 +304,7 @@ def python_booleans(nb) -> list[str]:
             data = out.get("data", {})
             bare = "".join(data.get("text/plain", "")).strip() in ("True", "False")
             in_table = re.search(r"<td[^>]*>(True|False)</td>", "".join(data.get("text/html", "")))
-            if out.get("output_type") == "execute_result" and bare or in_table:
+            if (out.get("output_type") == "execute_result" and bare) or in_table:
                 found.append(str(i))
     return found
 

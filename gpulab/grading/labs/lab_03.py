@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 
 from gpulab.grading.checks import (Context, WrongClaim, check, dig, failed, judge_explanation, partial, passed,
-                                   pod_spec, quantity_int, ratio, scheduling_messages)
+                                   nodes_with, pod_spec, ratio, scheduling_messages)
 
 LAB = "03-taints-tolerations"
 CLUSTER_WIDE = True
@@ -33,9 +33,6 @@ GPU = "nvidia.com/gpu"
 AI_LABEL = "node-role.kubernetes.io/ai"
 TAINT = {"key": GPU, "value": "true", "effect": "NoSchedule"}
 
-
-def gpu_nodes(ctx: Context) -> list[dict]:
-    return [n for n in ctx.objects("Node") if quantity_int(dig(n, "status", "capacity", GPU))]
 
 
 def tolerates_gpu_taint(spec: dict) -> bool:
@@ -52,7 +49,7 @@ def tolerates_gpu_taint(spec: dict) -> bool:
 
 @check("node-label-taint", points=3, title="GPU 节点打上了角色标签和 GPU 污点")
 def node_label_taint(ctx: Context):
-    nodes = gpu_nodes(ctx)
+    nodes = nodes_with(ctx, GPU)
     if not nodes:
         return failed("评分时集群里找不到 GPU 节点，无法核对；请联系讲师。")
     node = nodes[0]
@@ -114,7 +111,7 @@ def tolerant_pod(ctx: Context):
     its not being scheduled costs the placement criterion only, once)."""
     pod = ctx.require("Pod", "web-tolerant", ctx.namespace)
     spec = pod_spec(pod)
-    gpu = {n["metadata"]["name"] for n in gpu_nodes(ctx)}
+    gpu = {n["metadata"]["name"] for n in nodes_with(ctx, GPU)}
     problems, score = [], 0
     if tolerates_gpu_taint(spec):
         score += 1

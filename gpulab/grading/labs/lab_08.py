@@ -33,8 +33,8 @@ import re
 
 from gpulab.fakegpu.cudaerrors import CUDA_ERROR_INSUFFICIENT_DRIVER, CUDA_ERROR_NO_DEVICE
 from gpulab.grading import fixtures
-from gpulab.grading.checks import (Context, WrongClaim, check, containers, dig, failed, judge_explanation, passed,
-                                   pod_spec, quantity_int, ratio, scheduling_messages)
+from gpulab.grading.checks import (Context, WrongClaim, check, containers, dig, failed, judge_explanation,
+                                   nodes_with, passed, pod_spec, quantity_int, ratio, scheduling_messages)
 from gpulab.grading.fixtures import gpu_trouble as fixture
 
 LAB = "08-troubleshooting"
@@ -113,11 +113,11 @@ def observed_cause(ctx: Context, pod: str) -> tuple[str | None, str]:
     if "untolerated taint" in said:
         return "untolerated-taint", ""
     if f"Insufficient {GPU}" in said:
-        gpu_nodes = [n for n in ctx.objects("Node") if quantity_int(dig(n, "status", "capacity", GPU))]
-        allocatable = [quantity_int(dig(n, "status", "allocatable", GPU)) or 0 for n in gpu_nodes]
-        if gpu_nodes and not any(allocatable):
+        counts = [(quantity_int(dig(n, "status", "capacity", GPU)), quantity_int(dig(n, "status", "allocatable", GPU))
+                   or 0) for n in nodes_with(ctx, GPU)]
+        if counts and not any(allocatable for _, allocatable in counts):
             return "device-plugin-down", ""
-        if any(a < quantity_int(dig(n, "status", "capacity", GPU)) for n, a in zip(gpu_nodes, allocatable)):
+        if any(allocatable < capacity for capacity, allocatable in counts):
             return "gpu-unhealthy", ""
         return "gpus-in-use", ""
     if "node affinity/selector" in said:
