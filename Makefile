@@ -62,6 +62,9 @@ $(STAMP): pyproject.toml constraints.txt
 	@test -n "$(PYTHON)" || { echo "gpulab: Python >= 3.11 is needed; set PYTHON=/path/to/python3.11"; exit 1; }
 	$(if $(GPULAB_BIN_DIR),,$(NEED_GO))
 	@command -v unshare >/dev/null || { echo "gpulab: unshare (util-linux) is needed to run pod commands"; exit 1; }
+	@# nft (Debian's nftables): kube-proxy programs Services with it in the pod network (off a learner's PATH, in /usr/sbin).
+	@PATH="$$PATH:/usr/sbin:/sbin" command -v nft >/dev/null || { \
+	  $(call APT_GET,nftables,nft,for kube-proxy's Services,Services will not work: gpulab up stops and says so); }
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e .

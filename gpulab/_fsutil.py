@@ -18,8 +18,10 @@ file), instead of sitting silent behind someone else's twenty-minute build.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -278,3 +280,35 @@ def locked(path: str | os.PathLike[str], *, purpose: str | None = None, say: Say
     with hold_lock(Path(f"{os.fspath(path)}.lock"), what=f"the lock on {_shown(target)}",
                    purpose=purpose or f"updating {target.name}", say=say, interval=interval):
         yield
+
+
+# A unix socket's path may not exceed 107 bytes (sun_path, with its terminating NUL).
+SUN_PATH_MAX = 107
+
+
+def socket_home(path: Path, room: int, mode: int = 0o700) -> Path:
+    """``path``, a directory where unix sockets with names of up to ``room`` bytes can be bound.
+
+    Under a long ``GPULAB_HOME`` (a home directory such as /home/first.last/.gpulab, a test's
+    temporary directory) a cluster's socket directories are too deep for socket paths. Then
+    the directory lives under a short per-user runtime directory and ``path`` is a symlink to
+    it, so whatever finds it by path (a hostPath volume) still does; everything that binds or
+    dials a socket uses the short real path this returns.
+    """
+    if path.is_symlink():
+        return path.resolve()
+    if len(str(path.absolute())) + 1 + room <= SUN_PATH_MAX:
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+    base = Path(os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()) / f"gpulab-{os.getuid()}"
+    short = base / hashlib.sha256(str(path.absolute()).encode()).hexdigest()[:12]
+    short.mkdir(parents=True, exist_ok=True)
+    base.chmod(0o711)  # search only: what lives below says who may read it
+    short.chmod(mode)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.is_dir():  # made before: keep what it holds (the device manager's checkpoint)
+        for entry in path.iterdir():
+            shutil.move(str(entry), str(short / entry.name))
+        path.rmdir()
+    path.symlink_to(short, target_is_directory=True)
+    return short

@@ -182,11 +182,14 @@ def versions_cmd() -> None:
     """Pinned versions, and whether the binaries are built."""
     from .cluster import binaries
 
+    width = max(len(name) for name, _, _ in versions.TABLE)
     for name, version, source in versions.TABLE:
-        click.echo(f"{name:<70} {version:<10} {source}")
+        click.echo(f"{name:<{width}} {version:<10} {source}")
     click.echo("")
-    for b in binaries.status():
-        click.echo(f"{b['name']:<12} {b['version']:<10} {'built' if b['built'] else 'not built'}"
+    builds = binaries.status()
+    width = max(len(str(b["name"])) for b in builds)
+    for b in builds:
+        click.echo(f"{b['name']:<{width}} {b['version']:<10} {'built' if b['built'] else 'not built'}"
                    f"{'  ' + str(b.get('dir')) if b.get('dir') else ''}")
 
 

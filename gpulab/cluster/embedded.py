@@ -35,19 +35,28 @@ from .. import paths
 from .._fsutil import hold_lock
 from .base import ClusterError, Say
 from .base import say_to_stderr as _say
-from ..kube.names import NODE_ANNOTATION, POD_CIDR, SERVICE_CIDR
-from ..runtime import sandbox, shim
+from ..kube.names import API_ADDRESS, NODE_ANNOTATION, POD_CIDR, SERVICE_CIDR
+from ..runtime import network, sandbox, shim
 from ..runtime.resourcemetrics import SERVING_CERT as NODE_AGENT_SERVING_CERT
-from . import binaries, metricsserver, nodes
+from . import binaries, clusterdns, kubeproxy, metricsserver, nodes
 from ..kube import kubeconfig, pki
 from .processes import Component, ProcessTable, StartError, free_port, http_ok, https_ok, port_is_free, who_listens
 from ..kube.statedir import StateDir
 from ..kube.topology import load as load_topology
 
 
-# Start order; stop is the reverse.
-COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok", "node-agent",
-              "metrics-server")
+# Start order; stop is the reverse. The pod network and kube-proxy run only where pods get namespaces
+# (not in GPULAB_SANDBOX=process: see components()).
+COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok", "pod-network",
+              "node-agent", "metrics-server", "kube-proxy")
+NETWORK_COMPONENTS = ("pod-network", "kube-proxy")
+
+
+def components() -> tuple[str, ...]:
+    """The components this machine's sandbox runs: without namespaces there is no pod network to proxy."""
+    if sandbox.kind() == "namespaces":
+        return COMPONENTS
+    return tuple(c for c in COMPONENTS if c not in NETWORK_COMPONENTS)
 # "custom-metrics" is served by the custom metrics adapter, a program of the node agent;
 # "resource-metrics" by the node agent itself (every node's /metrics/resource).
 PORTS = ("etcd-client", "etcd-peer", "apiserver", "controller-manager", "scheduler", "kwok", "custom-metrics",
@@ -64,7 +73,7 @@ class EmbeddedCluster(StateDir):
         return {n: p for n, p in self.procs.running().items() if n in COMPONENTS}
 
     def is_up(self) -> bool:
-        return set(self.running()) == set(COMPONENTS)
+        return set(self.running()) == set(components())
 
     # -- bring-up ------------------------------------------------------------
 
@@ -114,7 +123,8 @@ class EmbeddedCluster(StateDir):
         else:
             topo = load_topology(state.get("topology"))
         running = self.running()
-        if set(running) == set(COMPONENTS):
+        wanted = components()
+        if set(running) == set(wanted):
             return f"cluster already running ({len(topo.nodes)} nodes); kubeconfig: {self.kubeconfig}"
         if "node-agent" not in running:
             # Before anything starts: pods need a sandbox, and this says why there is none and what to do.
@@ -122,8 +132,10 @@ class EmbeddedCluster(StateDir):
                 sandbox.check()
             except sandbox.SandboxUnavailable as e:
                 raise ClusterError(str(e)) from None
+        if "kube-proxy" in wanted and "kube-proxy" not in running and kubeproxy.nft_missing():
+            raise ClusterError(str(kubeproxy.nft_missing()))
         if running:
-            down = [c for c in COMPONENTS if c not in running]
+            down = [c for c in wanted if c not in running]
             say(f"restarting stopped components: {', '.join(down)} (objects are kept)")
 
         bins = binaries.ensure(say)
@@ -141,7 +153,9 @@ class EmbeddedCluster(StateDir):
             # etcd and the apiserver one after the other (each needs the one
             # before); everything else talks only to the apiserver and starts
             # at once.
-            for wave in (COMPONENTS[:1], COMPONENTS[1:2], COMPONENTS[2:]):
+            # kube-proxy runs inside the pod network's namespace: after pod-network has made it.
+            for wave in (wanted[:1], wanted[1:2], wanted[2:-1] if wanted[-1] == "kube-proxy" else wanted[2:],
+                         wanted[-1:] if wanted[-1] == "kube-proxy" else ()):
                 todo = [n for n in wave if n not in running]
                 if not todo:
                     continue
@@ -152,7 +166,7 @@ class EmbeddedCluster(StateDir):
                     metricsserver.install(self.kubeconfig, self.pki, ports["metrics-server"])
                 spawned = []
                 for name in todo:
-                    comp = self._component(name, bins, ports)
+                    comp = self._component(name, bins, ports, topo.nodes[0].name)
                     spawned.append((comp, self.procs.spawn(comp)))
                     started_now.append(name)
                 self.procs.wait_ready(spawned, timeout=60)
@@ -165,8 +179,12 @@ class EmbeddedCluster(StateDir):
 
             # The stack's pods live on across a restart of the node agent (it adopts
             # them), so their Ready conditions from before it still hold.
+            if "kube-proxy" in wanted:
+                clusterdns.install(self.kubeconfig)
             gpu_operator.install(self.kubeconfig, say)
             monitoring.install(self.kubeconfig, self.pki, ports["custom-metrics"], say)
+            if "kube-proxy" in wanted:
+                clusterdns.wait(self.kubeconfig, say)
         except BaseException as e:
             # Leave nothing half-started behind: what this call started, it stops.
             for name in reversed(started_now):
@@ -210,7 +228,7 @@ class EmbeddedCluster(StateDir):
             kubeconfig.write(self.root / "kubeconfigs" / f"{stem}.yaml", server, ca,
                              self.pki / f"{stem}.crt", self.pki / f"{stem}.key", user=cn)
 
-    def _component(self, name: str, bins: binaries.Binaries, ports: dict[str, int]) -> Component:
+    def _component(self, name: str, bins: binaries.Binaries, ports: dict[str, int], first_node: str) -> Component:
         p = self.pki
         kc = self.root / "kubeconfigs"
         admin = (p / "admin.crt", p / "admin.key")
@@ -232,7 +250,9 @@ class EmbeddedCluster(StateDir):
             return Component(name, [
                 str(bins["kube-apiserver"]),
                 f"--etcd-servers=http://127.0.0.1:{ports['etcd-client']}",
-                "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", f"--secure-port={port}",
+                # Bound to the host's loopback; advertised (the `kubernetes` Service's endpoint) at its
+                # address inside the pod network, where the pod network relays it (gpulab.runtime.network).
+                "--bind-address=127.0.0.1", f"--advertise-address={API_ADDRESS}", f"--secure-port={port}",
                 f"--tls-cert-file={p / 'apiserver.crt'}", f"--tls-private-key-file={p / 'apiserver.key'}",
                 f"--client-ca-file={p / 'ca.crt'}",
                 f"--service-account-key-file={p / 'sa.pub'}",
@@ -256,9 +276,6 @@ class EmbeddedCluster(StateDir):
                 "--requestheader-extra-headers-prefix=X-Remote-Extra-",
                 f"--proxy-client-cert-file={p / 'front-proxy-client.crt'}",
                 f"--proxy-client-key-file={p / 'front-proxy-client.key'}",
-                # No kube-proxy and no routable pod network: nothing may try
-                # to reach the "kubernetes" Service endpoints.
-                "--endpoint-reconciler-type=none",
                 "--profiling=false", "--v=0",
             ], https_ok(f"https://127.0.0.1:{port}/readyz", p / "ca.crt", admin))
         if name == "kube-controller-manager":
@@ -301,7 +318,23 @@ class EmbeddedCluster(StateDir):
             ready.unlink(missing_ok=True)
             return Component(name, [
                 sys.executable, "-m", "gpulab.cluster.nodeagent", f"--cluster-dir={self.root}",
+                f"--cni-bin={bins.cni_bin_dir}", f"--coredns={bins['coredns']}",
             ], ready.exists, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+        if name == "pod-network":
+            (network.ClusterNetwork(self.root).dir / "pod-network.ready").unlink(missing_ok=True)
+            return Component(name, [
+                sys.executable, "-m", "gpulab.runtime.network", f"--cluster-dir={self.root}",
+                f"--apiserver-port={ports['apiserver']}",
+            ], lambda: network.ready(self.root), env=dict(os.environ, PYTHONUNBUFFERED="1"))
+        if name == "kube-proxy":
+            holder = network.ClusterNetwork(self.root).holder()
+            if holder is None:
+                raise ClusterError("kube-proxy cannot start: the pod network's namespace is gone "
+                                   "(`gpulab down` then `gpulab up` makes a new one)")
+            config = kubeproxy.config(self.root, first_node)
+            return Component(name, kubeproxy.argv(bins["kube-proxy"], holder, config),
+                             lambda: kubeproxy.ready(self.root), argv0=str(bins["kube-proxy"]),
+                             env=dict(os.environ, PATH=f"{os.environ.get('PATH', '')}:{network.TOOL_PATH}"))
         if name == "metrics-server":
             port = ports["metrics-server"]
             return Component(name, metricsserver.argv(bins["metrics-server"], self.root, port,
@@ -336,6 +369,9 @@ class EmbeddedCluster(StateDir):
         orphans = shim.stop_orphans(self.root / "pods")
         if orphans:
             say(f"stopped {orphans} container(s) left running by a node agent that died")
+        # The pod network's namespace outlives a crash of its component; with the nodes down, it goes too.
+        network.stop_sandboxes(self.root)
+        network.ClusterNetwork(self.root).stop_holder()
         if purge:
             from ..fakegpu.node import remove_socket_dirs
 

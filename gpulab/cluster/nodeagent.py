@@ -4,7 +4,8 @@
 cluster starts as its ``node-agent`` component. It composes the two halves that
 know nothing of each other: the pod runner (:class:`gpulab.runtime.agent.NodeAgent`)
 and the GPU stack (:class:`gpulab.fakegpu.stack.GpuStack`), which takes part in
-each pod's life through :class:`gpulab.runtime.devices.DeviceHooks`. Like a
+each pod's life through :class:`gpulab.runtime.devices.DeviceHooks`, and puts pods on the
+pod network with the CNI plugins (:class:`gpulab.runtime.network.PodNetwork`). Like a
 kubelet it also serves each node's resource metrics (CPU and memory of its
 containers, :mod:`gpulab.runtime.resourcemetrics`) to metrics-server, on the
 cluster's ``resource-metrics`` port.
@@ -19,8 +20,12 @@ import sys
 from pathlib import Path
 
 from ..fakegpu.stack import GpuStack
+from . import clusterdns
 from ..kube.statedir import StateDir
+from ..runtime import sandbox
 from ..runtime.agent import NodeAgent
+from ..runtime.images import Entrypoint, ImageCatalog
+from ..runtime.network import PodNetwork
 from ..runtime.resourcemetrics import SERVING_CERT, ResourceMetrics, ResourceMetricsServer
 
 # The port key in state.json of the resource metrics endpoint.
@@ -31,12 +36,19 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m gpulab.cluster.nodeagent",
                                      description="gpulab's simulated kubelet for the embedded cluster")
     parser.add_argument("--cluster-dir", type=Path, required=True)
+    parser.add_argument("--cni-bin", type=Path, required=True, help="the CNI plugins (CNI_PATH)")
+    parser.add_argument("--coredns", type=Path, required=True, help="CoreDNS, the program of its image")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         stream=sys.stderr)
     # The GPU side of every GPU node: device managers, GPUs, NVIDIA's programs.
     gpus = GpuStack(args.cluster_dir)
-    agent = NodeAgent(args.cluster_dir, devices=gpus)
+    # Pods on the pod network: their own namespaces in the namespaces sandbox; IPs alone without namespaces.
+    network = PodNetwork(args.cluster_dir, args.cluster_dir / "nodes", args.cni_bin,
+                         isolated=sandbox.kind() == "namespaces")
+    # Images whose program runs for real; every other image without a command is simulated.
+    images = ImageCatalog([Entrypoint(clusterdns.IMAGE_REPOSITORY, ("/coredns",), args.coredns)])
+    agent = NodeAgent(args.cluster_dir, network, devices=gpus, images=images)
 
     def on_term(signum, frame):
         agent.stop.set()

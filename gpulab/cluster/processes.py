@@ -31,6 +31,9 @@ class Component:
     # A callable that returns True once the component serves.
     ready: Callable[[], bool]
     env: dict[str, str] | None = None
+    # What its command line starts with once it runs, when argv[0] is a wrapper that execs the program
+    # (nsenter): the record must name the program, or the running process would not be recognised.
+    argv0: str | None = None
 
 
 class StartError(RuntimeError):
@@ -132,7 +135,7 @@ class ProcessTable:
                 env=comp.env or os.environ.copy(),
                 close_fds=True,
             )
-        self._record(comp.name).write_text(json.dumps({"pid": proc.pid, "argv0": comp.argv[0]}))
+        self._record(comp.name).write_text(json.dumps({"pid": proc.pid, "argv0": comp.argv0 or comp.argv[0]}))
         return proc
 
     def wait_ready(self, started: list[tuple[Component, subprocess.Popen]], timeout: float) -> None:

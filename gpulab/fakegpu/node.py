@@ -30,11 +30,11 @@ import logging
 import os
 import re
 import shutil
-import tempfile
 import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .._fsutil import socket_home
 from ..kube import api
 from ..kube.names import ALLOCATED_DEVICES_ANNOTATION
 from ..runtime.devices import AdmissionError, AdmissionPending, ContainerKill, DeviceGrant
@@ -72,40 +72,18 @@ def _resource_requests(container: dict[str, Any]) -> dict[str, int]:
     return out
 
 
-# A unix socket's path may not exceed 107 bytes; the longest socket a node gets is a MIG
-# resource's (nvidia-mig-7g.141gb.sock), plus room for longer profile names.
+# The longest socket a node's device-plugin directory gets is a MIG resource's
+# (nvidia-mig-7g.141gb.sock), plus room for longer profile names.
 _SOCKET_NAME_ROOM = 40
-_SUN_PATH_MAX = 107
 
 
 def socket_dir(path: Path) -> Path:
-    """The node's device-plugin directory, where its sockets can be bound.
+    """The node's device-plugin directory, where its sockets can be bound (:func:`gpulab._fsutil.socket_home`).
 
-    Under a long ``GPULAB_HOME`` (a home directory such as
-    /home/first.last/.gpulab) the node's ``/var/lib/kubelet/device-plugins``
-    is too deep for unix socket paths. Then the directory lives under a short
-    per-user runtime directory and the node's path is a symlink to it, so
-    hostPath volumes still find it; everything that binds or dials a socket
-    uses the short real path.
+    Pod processes (nobody, when gpulab runs as root) read the nvidia-smi state kept in there,
+    as they do under the node's own directory, so others may search it.
     """
-    if path.is_symlink():
-        return path.resolve()
-    if len(str(path.absolute())) + 1 + _SOCKET_NAME_ROOM <= _SUN_PATH_MAX:
-        return path
-    base = Path(os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()) / f"gpulab-{os.getuid()}"
-    short = base / hashlib.sha256(str(path.absolute()).encode()).hexdigest()[:12]
-    short.mkdir(parents=True, exist_ok=True)
-    # Search only for others: pod processes (nobody, when gpulab runs as root) read the
-    # nvidia-smi state kept in there, as they do under the node's own directory.
-    base.chmod(0o711)
-    short.chmod(0o755)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if path.is_dir():  # made before: keep what it holds (the device manager's checkpoint)
-        for entry in path.iterdir():
-            shutil.move(str(entry), str(short / entry.name))
-        path.rmdir()
-    path.symlink_to(short, target_is_directory=True)
-    return short
+    return socket_home(path, _SOCKET_NAME_ROOM, mode=0o755)
 
 
 def remove_socket_dirs(cluster_dir: Path) -> None:

@@ -22,6 +22,14 @@ PROVISIONER = "gpulab.io/local-path"
 # hands each node a /24 of POD_CIDR; Services get ClusterIPs from SERVICE_CIDR).
 POD_CIDR = "10.244.0.0/16"
 SERVICE_CIDR = "10.96.0.0/16"
+# The `kubernetes` Service (the first address of SERVICE_CIDR) and cluster DNS (`kube-dns`, CoreDNS),
+# which every pod's resolv.conf names, as kubeadm and kind place them.
+KUBERNETES_SERVICE_IP = "10.96.0.1"
+CLUSTER_DNS_IP = "10.96.0.10"
+CLUSTER_DOMAIN = "cluster.local"
+# Where the apiserver is advertised inside the pod network (the `kubernetes` Service's endpoint):
+# an address of the cluster's network namespace, relayed to the apiserver on the host's 127.0.0.1.
+API_ADDRESS = "10.255.0.1"
 
 # The GPU Operator's ClusterPolicy (cluster-scoped; one per cluster, as the operator's Helm chart names it).
 CLUSTER_POLICY = "cluster-policy"

@@ -21,6 +21,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from .names import API_ADDRESS, CLUSTER_DOMAIN, KUBERNETES_SERVICE_IP
+
 VALIDITY = dt.timedelta(days=3650)
 
 # Client identities of the control plane: (file stem, CN, groups).
@@ -36,7 +38,14 @@ COMPONENTS = (
     ("front-proxy-client", "front-proxy-client", ()),
     # metrics-server: its API client identity and the client certificate it shows the "kubelets".
     ("metrics-server", "system:metrics-server", ()),
+    # kube-proxy: the user the default ClusterRoleBinding system:node-proxier names.
+    ("kube-proxy", "system:kube-proxy", ()),
 )
+# Where clients reach the apiserver: the host's loopback, the `kubernetes` Service (pods' in-cluster
+# config), and its address inside the pod network (the Service's endpoint).
+APISERVER_IPS = ("127.0.0.1", KUBERNETES_SERVICE_IP, API_ADDRESS)
+APISERVER_NAMES = ("localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc",
+                   f"kubernetes.default.svc.{CLUSTER_DOMAIN}")
 
 
 def _key() -> ec.EllipticCurvePrivateKey:
@@ -73,6 +82,7 @@ def _sign(
     is_ca: bool = False,
     server: bool = False,
     dns_names: tuple[str, ...] = ("localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc"),
+    ips: tuple[str, ...] = ("127.0.0.1",),
 ) -> x509.Certificate:
     now = dt.datetime.now(dt.timezone.utc) - dt.timedelta(minutes=5)
     issuer_cert, issuer_key = ca if ca else (None, key)
@@ -96,7 +106,7 @@ def _sign(
             usages.append(ExtendedKeyUsageOID.SERVER_AUTH)
             builder = builder.add_extension(
                 x509.SubjectAlternativeName(
-                    [x509.DNSName(n) for n in dns_names] + [x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+                    [x509.DNSName(n) for n in dns_names] + [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ips]
                 ),
                 critical=False,
             )
@@ -110,6 +120,17 @@ def _name(cn: str, groups: tuple[str, ...] = ()) -> x509.Name:
     return x509.Name(attrs)
 
 
+def _names_all(cert_path: Path, ips: tuple[str, ...]) -> bool:
+    """Whether the certificate at ``cert_path`` lists every one of ``ips`` among its subject alternative names."""
+    cert = x509.load_pem_x509_certificate(cert_path.read_bytes())
+    try:
+        names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except x509.ExtensionNotFound:
+        return False
+    have = {str(ip) for ip in names.get_values_for_type(x509.IPAddress)}
+    return set(ips) <= have
+
+
 def ensure(pki: Path) -> None:
     """Create whatever is missing under ``pki`` (idempotent; keeps existing files)."""
     pki.mkdir(parents=True, exist_ok=True)
@@ -118,9 +139,11 @@ def ensure(pki: Path) -> None:
         _write_cert(_sign(_name("gpulab-ca"), key, None, is_ca=True), pki / "ca.crt")
         _write_key(key, pki / "ca.key")
     ca = _load(pki, "ca")
-    if not (pki / "apiserver.crt").exists():
+    if not (pki / "apiserver.crt").exists() or not _names_all(pki / "apiserver.crt", APISERVER_IPS):
+        # (Re)issued when an address is missing: a cluster made before the pod network had only 127.0.0.1.
         key = _key()
-        _write_cert(_sign(_name("kube-apiserver"), key, ca, server=True), pki / "apiserver.crt")
+        _write_cert(_sign(_name("kube-apiserver"), key, ca, server=True, dns_names=APISERVER_NAMES,
+                          ips=APISERVER_IPS), pki / "apiserver.crt")
         _write_key(key, pki / "apiserver.key")
     for stem, cn, groups in COMPONENTS:
         if not (pki / f"{stem}.crt").exists():

@@ -2,8 +2,8 @@
 
 KWOK keeps the simulated nodes alive (heartbeats, leases) and serves their
 kubelet HTTP API; this process does what KWOK does not: it runs each bound
-pod (:mod:`gpulab.runtime.pod`), gives pods IPs from their node's
-``podCIDR``, tells KWOK where each container's log file is and how to exec
+pod (:mod:`gpulab.runtime.pod`), puts each pod on the pod network through the
+CNI plugins with its node's ``podCIDR`` (:mod:`gpulab.runtime.network`), tells KWOK where each container's log file is and how to exec
 into it, provisions local persistent volumes, and lets the GPU stack
 allocate devices to containers (:class:`~gpulab.runtime.devices.DeviceHooks`).
 
@@ -13,7 +13,6 @@ keeps one worker thread per pod bound to a node it manages.
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import os
 import threading
@@ -24,51 +23,14 @@ from typing import Any
 from ..kube import api
 from . import sandbox
 from .devices import DeviceHooks, NoDevices
+from .images import ImageCatalog
+from .network import PodNetwork
 from .pod import PodWorker
 from .provisioner import Provisioner
 from .volumes import VolumeBuilder
 from ..kube.names import NODE_ANNOTATION
 
 log = logging.getLogger("gpulab.runtime")
-
-
-class Ipam:
-    """Pod IPs from each node's podCIDR (allocated by the node-ipam controller)."""
-
-    def __init__(self) -> None:
-        self.cidrs: dict[str, ipaddress.IPv4Network] = {}
-        self.used: dict[str, dict[str, str]] = {}
-        self.lock = threading.Lock()
-
-    def set_cidr(self, node: str, cidr: str | None) -> None:
-        if cidr:
-            with self.lock:
-                self.cidrs[node] = ipaddress.ip_network(cidr)
-
-    def assign(self, node: str, uid: str) -> str | None:
-        with self.lock:
-            net = self.cidrs.get(node)
-            if net is None:
-                return None
-            used = self.used.setdefault(node, {})
-            if uid in used:
-                return used[uid]
-            taken = set(used.values())
-            # .0 is the network, .1 the node's bridge on a real CNI.
-            for host in list(net.hosts())[1:]:
-                ip = str(host)
-                if ip not in taken:
-                    used[uid] = ip
-                    return ip
-        return None
-
-    def claim(self, node: str, uid: str, ip: str) -> None:
-        with self.lock:
-            self.used.setdefault(node, {})[uid] = ip
-
-    def release(self, node: str, uid: str) -> None:
-        with self.lock:
-            self.used.get(node, {}).pop(uid, None)
 
 
 class LogRegistry:
@@ -137,13 +99,15 @@ class LogRegistry:
 
 
 class NodeAgent:
-    def __init__(self, cluster_dir: Path, devices: DeviceHooks | None = None):
+    def __init__(self, cluster_dir: Path, network: PodNetwork, devices: DeviceHooks | None = None,
+                 images: ImageCatalog | None = None):
         self.cluster_dir = cluster_dir
         self.client = api.Client(cluster_dir / "kubeconfigs" / "node-agent.yaml")
         self.pods_dir = cluster_dir / "pods"
         self.nodes_dir = cluster_dir / "nodes"
         self.devices: DeviceHooks = devices or NoDevices()
-        self.ipam = Ipam()
+        self.network = network
+        self.images = images or ImageCatalog()
         self.logs = LogRegistry(self.client)
         self.volumes = VolumeBuilder(self.client, self.nodes_dir)
         self.provisioner = Provisioner(self.client, self.nodes_dir)
@@ -163,7 +127,7 @@ class NodeAgent:
             self.nodes.discard(name)
             return
         self.nodes.add(name)
-        self.ipam.set_cidr(name, node.get("spec", {}).get("podCIDR"))
+        self.network.set_node(name, node.get("spec", {}).get("podCIDR"))
 
     def _on_pod(self, pod: dict[str, Any], deleted: bool = False) -> None:
         uid = pod["metadata"]["uid"]
@@ -177,9 +141,6 @@ class NodeAgent:
         if not node or node not in self.nodes:
             return
         if worker is None:
-            ip = (pod.get("status") or {}).get("podIP")
-            if ip:
-                self.ipam.claim(node, uid, ip)
             worker = PodWorker(self, pod)
             self.workers[uid] = worker
             worker.start()

@@ -8,11 +8,16 @@ Two kinds, decided by the container spec alone:
 - **built-in program**: the image is one registered in
   :mod:`gpulab.runtime.programs` (the GPU stack's images); its program runs
   in the node agent for this container's node.
-- **simulated**: no ``command``/``args`` (the image's entrypoint would run,
-  and there are no images here): the container is Running until stopped.
+- **image entrypoint**: no ``command``, and an image whose program gpulab has
+  (:mod:`gpulab.runtime.images`: CoreDNS): its entrypoint runs as a process.
+- **simulated**: no ``command``/``args`` and any other image (its entrypoint
+  would run, and there are no images here): the container is Running until
+  stopped.
   The annotation ``gpulab.io/model-load-seconds`` (or
   ``gpulab.io/model-load-seconds.<container>``) says how long its "model"
-  takes to load; HTTP, TCP and gRPC probes fail until then.
+  takes to load; its HTTP, TCP and gRPC probes, with nothing listening to
+  dial, fail until then. Those of the other kinds dial the pod over the pod
+  network, as the kubelet's prober does (:mod:`gpulab.runtime.probes`).
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from . import logs, programs, sandbox
+from .images import ImageCatalog
 from .shim import ShimHandle
 
 LOAD_ANNOTATION = "gpulab.io/model-load-seconds"
@@ -79,14 +85,18 @@ class Termination:
 class Container:
     """Runtime state of one container (init or regular) across its restarts."""
 
-    def __init__(self, spec: dict[str, Any], pod: dict[str, Any], pod_dir: Path, init: bool):
+    def __init__(self, spec: dict[str, Any], pod: dict[str, Any], pod_dir: Path, init: bool,
+                 images: ImageCatalog | None = None):
         self.spec = spec
         self.name: str = spec["name"]
         self.init = init
         self.sidecar = init and spec.get("restartPolicy") == "Always"
         self.pod_dir = pod_dir
         self.factory = programs.lookup(spec.get("image", ""))
-        self.simulated = self.factory is None and not spec.get("command") and not spec.get("args")
+        # The image's own program, where gpulab has it (CoreDNS's): its entrypoint runs for real.
+        self.entrypoint = images.lookup(spec.get("image", "")) if images and self.factory is None else None
+        self.simulated = (self.factory is None and self.entrypoint is None
+                          and not spec.get("command") and not spec.get("args"))
         self.program: programs.Program | None = None
         self.load_seconds = load_seconds(pod, self.name)
         self.restart_count = 0
@@ -145,7 +155,8 @@ class Container:
 
     def start(self, argv: list[str], env: dict[str, str], mounts: list[sandbox.Mount],
               devices: list[sandbox.Mount], limits: dict[str, Any], uid: int | None, gid: int | None,
-              hostname: str, program_ctx: programs.ProgramContext | None = None) -> None:
+              hostname: str, program_ctx: programs.ProgramContext | None = None,
+              join_pid: int | None = None) -> None:
         self._begin(time.time())
         self.ready = False
         self.started = "startupProbe" not in self.spec
@@ -161,7 +172,7 @@ class Container:
             hostname=hostname, mounts=mounts, devices=devices, uid=uid, gid=gid,
             memory_bytes=limits.get("memory_bytes") or DEFAULT_MEMORY_CAP,
             cpu_seconds=limits.get("cpu_seconds"),
-            file_bytes=limits.get("file_bytes"),
+            file_bytes=limits.get("file_bytes"), join_pid=join_pid,
         )
         # The shim, not this process, owns the container's process and its log:
         # both outlive a restart of the node agent, as under a real kubelet.

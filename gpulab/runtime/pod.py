@@ -25,9 +25,11 @@ from kubernetes.utils import parse_quantity
 
 from ..kube import api
 from ..kube import events
-from . import probes, programs, sandbox
+from ..kube.names import KUBERNETES_SERVICE_IP
+from . import dnsconfig, probes, programs, sandbox
 from .devices import AdmissionError, AdmissionPending
 from .containers import LOST, NODE_SHUTDOWN, Container, Termination, rfc3339
+from .network import NetworkError, PodSandbox
 from .volumes import VolumeError, field_value, resource_value
 
 if TYPE_CHECKING:
@@ -74,9 +76,12 @@ class PodWorker(threading.Thread):
         self.stopping = False
         self.volumes: dict[str, Path] | None = None
         self.device_grants: dict[str, Any] = {}
-        self.init = [Container(c, pod, self.dir, True) for c in pod["spec"].get("initContainers") or []]
-        self.main = [Container(c, pod, self.dir, False) for c in pod["spec"].get("containers") or []]
+        images = agent.images
+        self.init = [Container(c, pod, self.dir, True, images) for c in pod["spec"].get("initContainers") or []]
+        self.main = [Container(c, pod, self.dir, False, images) for c in pod["spec"].get("containers") or []]
         self.pod_ip: str | None = None
+        self.net: PodSandbox | None = None  # the pod's sandbox on the pod network, once set up
+        self.etc_mounts: list[sandbox.Mount] = []  # the kubelet's /etc/resolv.conf, hosts, hostname
         self.start_time: float | None = None
         self.terminal: str | None = None
         self.terminal_reason: tuple[str, str] | None = None
@@ -294,8 +299,24 @@ class PodWorker(threading.Thread):
                 for c in self.init + self.main:
                     c.waiting_reason, c.waiting_message = "CreateContainerConfigError", str(e)
             return False
-        if self.pod_ip is None:
-            self.pod_ip = self.agent.ipam.assign(self.node, self.key[2])
+        if self.net is None or not self.net.alive():
+            if not self.agent.network.ready_for(self.node):
+                for c in self.init + self.main:
+                    c.waiting_reason = "ContainerCreating" if not c.init else "PodInitializing"
+                self.volumes = None
+                return False  # the node has no podCIDR yet: its CNI config is not written
+            processes = any(c.factory is None for c in self.init + self.main)
+            try:
+                self.net = self.agent.network.setup(self.pod, self.node, self.dir, processes=processes)
+            except NetworkError as e:
+                # The kubelet's words when the runtime cannot make the sandbox; it retries.
+                self._event("FailedCreatePodSandBox", f"Failed to create pod sandbox: {e}", "Warning", every=10)
+                for c in self.init + self.main:
+                    c.waiting_reason = "ContainerCreating" if not c.init else "PodInitializing"
+                self.volumes = None
+                return False
+            self.pod_ip = self.net.ip
+            self.etc_mounts = dnsconfig.write(self.pod, self.pod_ip, self.dir)
         self.agent.logs.register(self)
         return True
 
@@ -360,7 +381,7 @@ class PodWorker(threading.Thread):
     def _start(self, c: Container) -> None:
         try:
             env = self._env(c)
-            mounts = self._mounts(c)
+            mounts = self.etc_mounts + self._mounts(c)
             grant = self.agent.devices.prepare(self.pod, c.spec)
         except (ConfigError, VolumeError) as e:
             c.waiting_reason, c.waiting_message = "CreateContainerConfigError", str(e)
@@ -369,7 +390,12 @@ class PodWorker(threading.Thread):
             return
         env.update(grant.env)
         mounts.extend(grant.mounts)
-        argv = [expand(a, env) for a in (c.spec.get("command") or []) + (c.spec.get("args") or [])]
+        command = c.spec.get("command") or []
+        if c.entrypoint is not None:
+            # The image's program at its path; its ENTRYPOINT unless the pod gives a command (as a runtime does).
+            mounts.extend(c.entrypoint.mounts())
+            command = command or list(c.entrypoint.argv)
+        argv = [expand(a, env) for a in command + (c.spec.get("args") or [])]
         sc = {**(self.pod["spec"].get("securityContext") or {}), **(c.spec.get("securityContext") or {})}
         uid = sc.get("runAsUser")
         uid = sandbox.NOBODY if not uid else int(uid)
@@ -381,7 +407,7 @@ class PodWorker(threading.Thread):
         ctx = self._program_context(c, env) if c.factory is not None else None
         try:
             c.start(argv, env, mounts, grant.devices, self._limits(c), uid, gid,
-                    self.pod["spec"].get("hostname") or self.key[1], program_ctx=ctx)
+                    dnsconfig.hostname(self.pod), program_ctx=ctx, join_pid=self._join_pid())
         except (OSError, sandbox.SandboxUnavailable) as e:
             c.state = "waiting"
             c.waiting_reason, c.waiting_message = "RunContainerError", str(e)
@@ -441,7 +467,10 @@ class PodWorker(threading.Thread):
             if st is None:
                 continue
             result = probes.run_handler(st.spec, now - c.started_at, c.load_seconds,
-                                        lambda cmd, t: self._exec(c, cmd, t))
+                                        lambda cmd, t: self._exec(c, cmd, t),
+                                        simulated=c.simulated, pod_ip=self.pod_ip,
+                                        dial=self.agent.network.dial if getattr(self.agent, "network", None) else None,
+                                        container_ports=c.spec.get("ports") or [])
             crossed = prober.record(st, result, now)
             if not result.ok:
                 self._event("Unhealthy", f"{probes.describe(kind)} probe failed: {result.output}".rstrip(": "),
@@ -467,8 +496,8 @@ class PodWorker(threading.Thread):
         env.update(grant.env)
         run = self.dir / "run" / f"{c.name}-probe"
         spec = sandbox.SandboxSpec(argv=cmd, env=env, rootfs=run / "rootfs", workdir=c.spec.get("workingDir") or "/",
-                                   mounts=self._mounts(c) + grant.mounts, devices=grant.devices,
-                                   hostname=self.key[1])
+                                   mounts=self.etc_mounts + self._mounts(c) + grant.mounts, devices=grant.devices,
+                                   hostname=dnsconfig.hostname(self.pod), join_pid=self._join_pid())
         proc = sandbox.launch(spec, run / "sandbox.json", subprocess.PIPE, subprocess.STDOUT)
         try:
             out, _ = proc.communicate(timeout=timeout)
@@ -479,6 +508,10 @@ class PodWorker(threading.Thread):
         finally:
             shutil.rmtree(run, ignore_errors=True)
         return proc.returncode, out.decode(errors="replace")
+
+    def _join_pid(self) -> int | None:
+        """The process whose network namespace the pod's containers share (its sandbox), if it has one."""
+        return self.net.sandbox_pid if self.net is not None else None
 
     def _kill_all(self, grace: float, reason: tuple[str, str] | None = None, event: bool = False,
                   why: str = "") -> None:
@@ -499,7 +532,7 @@ class PodWorker(threading.Thread):
 
     def _cleanup(self) -> None:
         self.agent.devices.release(self.pod)
-        self.agent.ipam.release(self.node, self.key[2])
+        self.agent.network.teardown(self.pod, self.node, self.dir)
         self.agent.logs.unregister(self)
         shutil.rmtree(self.dir / "run", ignore_errors=True)
 
@@ -511,10 +544,10 @@ class PodWorker(threading.Thread):
             "PATH": sandbox.DEFAULT_PATH,
             "HOSTNAME": self.pod["spec"].get("hostname") or self.key[1],
             "HOME": "/root" if (c.spec.get("securityContext") or {}).get("runAsUser") == 0 else "/tmp",
-            "KUBERNETES_SERVICE_HOST": "10.96.0.1",
+            "KUBERNETES_SERVICE_HOST": KUBERNETES_SERVICE_IP,
             "KUBERNETES_SERVICE_PORT": "443",
             "KUBERNETES_SERVICE_PORT_HTTPS": "443",
-            "KUBERNETES_PORT": "tcp://10.96.0.1:443",
+            "KUBERNETES_PORT": f"tcp://{KUBERNETES_SERVICE_IP}:443",
         }
         for src in c.spec.get("envFrom") or []:
             prefix = src.get("prefix", "")

@@ -110,6 +110,9 @@ class SandboxSpec:
     # or as the caller's own uid with no capabilities at all (False).
     namespace_root: bool = True
     no_new_privs: bool = False
+    # The pod's sandbox process (:mod:`gpulab.runtime.network`): the command joins its network namespace
+    # (and, without root, the user namespace that owns it) instead of getting an empty one of its own.
+    join_pid: int | None = None
     what: str = "the container"  # for messages
 
     def to_json(self) -> dict:
@@ -140,6 +143,7 @@ class SandboxSpec:
             "relay": {"port": self.relay[0], "socket": self.relay[1]} if self.relay else None,
             "namespace_root": self.namespace_root,
             "no_new_privs": self.no_new_privs,
+            "join_pid": self.join_pid,
             "what": self.what,
         }
 
@@ -160,14 +164,21 @@ def _tool(name: str, package: str) -> str:
     return path
 
 
-def _unshare_argv() -> list[str]:
+def _unshare_argv(join_pid: int | None = None) -> list[str]:
     unshare, setpriv = _tool("unshare", "util-linux"), _tool("setpriv", "util-linux")
     # setpriv sets the death signal: if whoever started the sandbox dies without stopping it
     # (the container's shim, or the node agent for a probe, killed with SIGKILL), the kernel
     # kills it too. Doing it in a preexec_fn instead would make subprocess fork() the caller,
     # and gRPC's fork handlers then abort some children.
-    argv = [setpriv, "--pdeathsig", "KILL", unshare, "--net", "--mount", "--pid", "--uts", "--ipc", "--fork",
-            "--kill-child"]
+    argv = [setpriv, "--pdeathsig", "KILL"]
+    if join_pid is not None:
+        # A pod's container: into its sandbox's network namespace (root of the pod network's user
+        # namespace, without real root: credentials kept, the caller's uid is root there), then the rest new.
+        argv += [_tool("nsenter", "util-linux"), f"--target={join_pid}"]
+        if os.geteuid() != 0:
+            argv += ["--user", "--preserve-credentials"]
+        return argv + ["--net", "--", unshare, "--mount", "--pid", "--uts", "--ipc", "--fork", "--kill-child"]
+    argv += [unshare, "--net", "--mount", "--pid", "--uts", "--ipc", "--fork", "--kill-child"]
     if os.geteuid() != 0:
         argv += ["--user", "--map-root-user"]
     return argv
@@ -352,7 +363,7 @@ def command(spec_path: Path) -> list[str]:
     if spec.get("sandbox") == "process":
         return _process_argv(spec, spec_path)
     init = Path(__file__).with_name("sandbox_init.py")
-    return _unshare_argv() + ["--", sys.executable, "-I", "-S", str(init), str(spec_path)]
+    return _unshare_argv(spec.get("join_pid")) + ["--", sys.executable, "-I", "-S", str(init), str(spec_path)]
 
 
 # What proot may exit with when the processes it traces were killed (it does not say by what):

@@ -99,7 +99,7 @@ def test_pod_active_deadline_is_enforced_by_the_node(kube, ns):
     assert pod["status"]["reason"] == "DeadlineExceeded"
 
 
-def test_sandbox_is_unprivileged_and_offline(kube, ns, kubectl):
+def test_sandbox_is_unprivileged_and_off_the_hosts_network(kube, ns, kubectl):
     script = ("id -u; cat /proc/net/dev | grep -c ':' ; "
               "(exec 3<>/dev/tcp/127.0.0.1/22) 2>/dev/null && echo reachable || echo unreachable; "
               "echo $GREETING; pwd")
@@ -118,8 +118,8 @@ def test_sandbox_is_unprivileged_and_offline(kube, ns, kubectl):
     # As root gpulab runs containers as nobody; as an ordinary user they run as the root of a
     # user namespace that maps only that user: no more privilege than the learner has.
     assert lines[0] == ("65534" if os.geteuid() == 0 else "0")
-    assert lines[1] == "1"              # only a (down) loopback interface
-    assert lines[2] == "unreachable"
+    assert lines[1] == "2"              # its loopback and eth0, the pod network's (the CNI bridge plugin's veth)
+    assert lines[2] == "unreachable"    # the host's loopback is not the pod's
 
 
 def test_env_and_configmap_volume_and_init_containers_in_order(kube, ns, kubectl):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import stat
 
 import pytest
-from bin_dir_support import OUTPUT, fake_binary, make_bin_dir
+from bin_dir_support import OUTPUT, fake_binary, fake_cni_plugin, kwarg, make_bin_dir
 from click.testing import CliRunner
 
 from gpulab import cli, versions
@@ -43,8 +43,15 @@ def test_pinned_binaries_are_used_without_go(tmp_path, monkeypatch, no_go):
     assert found.versions == {
         "kube-apiserver": versions.KUBERNETES, "kube-controller-manager": versions.KUBERNETES,
         "kube-scheduler": versions.KUBERNETES, "etcd": versions.ETCD.lstrip("v"), "kwok": versions.KWOK,
-        "metrics-server": versions.METRICS_SERVER,
+        "metrics-server": versions.METRICS_SERVER, "kube-proxy": versions.KUBERNETES,
+        "coredns": versions.COREDNS.lstrip("v"), "cni/bridge": versions.CNI_PLUGINS,
+        "cni/host-local": versions.CNI_PLUGINS, "cni/loopback": versions.CNI_PLUGINS,
+        "cni/portmap": versions.CNI_PLUGINS,
     }
+    assert found["kube-proxy"] == bin_dir / "kube-proxy" and found["coredns"] == bin_dir / "coredns"
+    # The CNI plugins share one directory, the CNI_PATH.
+    assert found.cni_bin_dir == bin_dir / "cni"
+    assert {found[f"cni/{p}"] for p in binaries.CNI_PLUGINS} == {found.cni_bin_dir / p for p in binaries.CNI_PLUGINS}
     assert heard == []  # nothing to warn about
     assert not (tmp_path / "cache").exists()
 
@@ -71,10 +78,13 @@ def test_another_patch_release_is_used_with_a_warning(tmp_path, monkeypatch, no_
     ("etcd", "etcd Version: 3.5.21", "3.5.21"),
     ("kwok", "kwok version v0.7.0 go1.24.1 (linux/amd64)", "v0.7.0"),
     ("metrics-server", "v0.9.0", "v0.9.0"),
+    ("kube-proxy", "Kubernetes v1.36.4", "v1.36.4"),
+    ("coredns", "CoreDNS-1.13.1\nlinux/amd64, go1.24.1, 5f1a0b7", "1.13.1"),
+    ("cni/portmap", "CNI portmap plugin v1.8.0\nCNI protocol versions supported: 0.1.0, 1.1.0", "v1.8.0"),
 ])
 def test_another_minor_version_is_an_error_naming_file_found_and_wanted(tmp_path, monkeypatch, no_go,
                                                                           name, output, found):
-    bin_dir = use(monkeypatch, make_bin_dir(tmp_path / "bin", **{name.replace("-", "_"): output}))
+    bin_dir = use(monkeypatch, make_bin_dir(tmp_path / "bin", **{kwarg(name): output}))
     with pytest.raises(binaries.BinaryError) as err:
         binaries.ensure(lambda m: None)
     rule = binaries.VERSION_RULES[name]
@@ -92,10 +102,17 @@ def test_every_problem_is_listed_at_once(tmp_path, monkeypatch, no_go):
     (bin_dir / "etcd").chmod(0o644)
     fake_binary(bin_dir / "kube-controller-manager", "Error: unknown flag: --version", exit_code=1)
     fake_binary(bin_dir / "kube-scheduler", "scheduler, version unknown")
+    fake_binary(bin_dir / "coredns", "CoreDNS-1.12.0\nlinux/amd64, go1.24.1, 51e11f1")
+    (bin_dir / "kube-proxy").unlink()
+    (bin_dir / "kube-proxy").mkdir()
+    (bin_dir / "cni" / "loopback").unlink()
+    # Built without the version stamp: what `go build` of the module gives.
+    fake_cni_plugin(bin_dir / "cni" / "bridge", "CNI bridge plugin version unknown\n"
+                                                "CNI protocol versions supported: 0.1.0, 1.1.0")
     with pytest.raises(binaries.BinaryError) as err:
         binaries.ensure(lambda m: None)
     msg = str(err.value)
-    assert msg.startswith(f"GPULAB_BIN_DIR={bin_dir} is not usable (6 problems):\n")
+    assert msg.startswith(f"GPULAB_BIN_DIR={bin_dir} is not usable (10 problems):\n")
     assert problems_of(err) == [
         f"etcd: {bin_dir / 'etcd'} is not executable (mode 0644; `chmod +x` it)",
         f"kube-apiserver: {bin_dir / 'kube-apiserver'} is version v1.30.0, wanted {versions.KUBERNETES} "
@@ -105,6 +122,12 @@ def test_every_problem_is_listed_at_once(tmp_path, monkeypatch, no_go):
         f"kube-scheduler: `{bin_dir / 'kube-scheduler'} --version` printed no version (expected a line like "
         f"\"Kubernetes {versions.KUBERNETES}\"): scheduler, version unknown; wanted version {versions.KUBERNETES}",
         f"kwok: missing ({bin_dir / 'kwok'})",
+        f"kube-proxy: {bin_dir / 'kube-proxy'} is not a file",
+        f"coredns: {bin_dir / 'coredns'} is version 1.12.0, wanted {versions.COREDNS} (allowed: v1.14.x)",
+        f"cni/bridge: `CNI_COMMAND= {bin_dir / 'cni' / 'bridge'}` printed no version (expected a line like "
+        f"\"CNI bridge plugin {versions.CNI_PLUGINS}\"): CNI bridge plugin version unknown; "
+        f"wanted version {versions.CNI_PLUGINS}",
+        f"cni/loopback: missing ({bin_dir / 'cni' / 'loopback'})",
         f"kwok-crds/{binaries.KWOK_CRDS[1]}: missing ({bin_dir / 'kwok-crds' / binaries.KWOK_CRDS[1]}; "
         "it is in the kwok module, kustomize/crd/bases/)",
     ]
@@ -113,6 +136,28 @@ def test_every_problem_is_listed_at_once(tmp_path, monkeypatch, no_go):
     for name in binaries.REQUIRED:
         assert f"{name} {binaries.VERSION_RULES[name].allowed()}" in last
     assert "unset GPULAB_BIN_DIR to build them from the Go module proxy" in last
+
+
+def test_cni_plugins_are_asked_with_cni_command_empty(tmp_path, monkeypatch, no_go):
+    """A plugin tells its version only without CNI_COMMAND; one set in gpulab's environment must not leak in."""
+    bin_dir = use(monkeypatch, make_bin_dir(tmp_path / "bin"))
+    monkeypatch.setenv("CNI_COMMAND", "ADD")
+    found = binaries.ensure(lambda m: None)
+    assert found.versions["cni/host-local"] == versions.CNI_PLUGINS
+    # The same plugin, asked with CNI_COMMAND set, fails: what the check would have seen.
+    import subprocess
+
+    proc = subprocess.run([str(bin_dir / "cni" / "host-local")], capture_output=True, text=True)
+    assert proc.returncode == 1 and "required env variables" in proc.stdout
+
+
+def test_the_cni_directory_missing_is_one_problem_per_plugin(tmp_path, monkeypatch, no_go):
+    bin_dir = use(monkeypatch, make_bin_dir(tmp_path / "bin", skip=tuple(f"cni/{p}" for p in binaries.CNI_PLUGINS)))
+    assert not (bin_dir / "cni").exists()
+    with pytest.raises(binaries.BinaryError) as err:
+        binaries.ensure(lambda m: None)
+    assert problems_of(err) == [f"cni/{p}: missing ({bin_dir / 'cni' / p})" for p in binaries.CNI_PLUGINS]
+    assert "(the CNI plugins in cni/, the CNI_PATH)" in str(err.value)
 
 
 def test_a_binary_for_another_machine_is_reported(tmp_path, monkeypatch, no_go):

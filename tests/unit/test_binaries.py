@@ -41,8 +41,11 @@ def test_bin_dir_must_hold_every_binary(tmp_path, monkeypatch):
     (tmp_path / "etcd").chmod(stat.S_IRWXU)
     with pytest.raises(binaries.BinaryError) as err:
         binaries.ensure()
-    for name in ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok", "metrics-server"):
-        assert f"  {name}: missing ({tmp_path / name})" in str(err.value)
+    for name in binaries.REQUIRED:
+        if name != "etcd":
+            assert f"  {name}: missing ({tmp_path / name})" in str(err.value)
+    for name in ("kube-proxy", "coredns", "cni/bridge", "cni/host-local", "cni/loopback", "cni/portmap"):
+        assert name in binaries.REQUIRED
     assert "etcd:" not in str(err.value).split("\n", 1)[1].split("It must hold")[0]
 
 
@@ -65,6 +68,94 @@ def test_wrapper_modules_pin_every_kubernetes_staging_module():
     assert all(ln.endswith(versions.KUBERNETES_STAGING) for ln in replaces)
     assert f"k8s.io/kubernetes {versions.KUBERNETES}" in gomod
     assert os.path.isfile(binaries.GOBUILD / "kubernetes" / "go.sum")
+
+
+def test_kube_proxy_is_built_with_the_control_plane():
+    """Same module, same version stamp: `kube-proxy --version` prints "Kubernetes v1.37.2"."""
+    from gpulab import versions
+
+    tools = _tool_block(binaries.GOBUILD / "kubernetes" / "go.mod")
+    build = next(b for b in binaries.BUILDS if b.name == "kubernetes")
+    assert ("k8s.io/kubernetes/cmd/kube-proxy", "kube-proxy") in build.programs
+    assert {pkg for pkg, _ in build.programs} <= tools
+    assert f"-X k8s.io/component-base/version.gitVersion={versions.KUBERNETES}" in build.ldflags
+    assert "github.com/vishvananda/netlink" in (binaries.GOBUILD / "kubernetes" / "go.sum").read_text()
+
+
+def _tool_block(gomod: os.PathLike) -> set[str]:
+    """The packages of a go.mod's `tool` directives (single or block)."""
+    import re
+
+    text = open(gomod).read()
+    tools = set(re.findall(r"(?m)^tool\s+([^\s(]\S*)\s*$", text))
+    for block in re.findall(r"(?ms)^tool\s*\((.*?)^\)", text):
+        tools |= {ln.strip() for ln in block.splitlines() if ln.strip()}
+    return tools
+
+
+def test_cni_plugins_wrapper_module_builds_four_plugins_into_one_directory():
+    from gpulab import versions
+
+    gomod = (binaries.GOBUILD / "cni-plugins" / "go.mod").read_text()
+    assert gomod.startswith("// Wrapper module: builds the CNI plugins")
+    assert f"github.com/containernetworking/plugins {versions.CNI_PLUGINS}" in gomod
+    assert os.path.isfile(binaries.GOBUILD / "cni-plugins" / "go.sum")
+    build = next(b for b in binaries.BUILDS if b.name == "cni-plugins")
+    assert {pkg for pkg, _ in build.programs} == _tool_block(binaries.GOBUILD / "cni-plugins" / "go.mod")
+    assert [out for _, out in build.programs] == [f"cni/{p}" for p in binaries.CNI_PLUGINS]
+    assert ("-X github.com/containernetworking/plugins/pkg/utils/buildversion.BuildVersion="
+            f"{versions.CNI_PLUGINS}") in build.ldflags
+
+
+def test_coredns_wrapper_module_is_its_own_main_package():
+    from gpulab import versions
+
+    mod = binaries.GOBUILD / "coredns"
+    gomod = (mod / "go.mod").read_text()
+    assert "module gpulab.local/gobuild/coredns" in gomod
+    assert f"github.com/coredns/coredns {versions.COREDNS}" in gomod
+    main = (mod / "main.go").read_text()
+    assert "package main" in main and "coremain.Run()" in main
+    build = next(b for b in binaries.BUILDS if b.name == "coredns")
+    assert build.programs == (("gpulab.local/gobuild/coredns", "coredns"),)
+    assert [f.name for f in binaries._module_files(build)] == ["go.mod", "go.sum", "main.go"]
+
+
+def test_builds_come_in_order_and_give_every_required_binary(tmp_path, monkeypatch):
+    """The control plane first, then the pod network; every program at its name in its bin dir."""
+    monkeypatch.setenv("GPULAB_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("GPULAB_BIN_DIR", raising=False)
+    assert [b.name for b in binaries.BUILDS] == ["kubernetes", "etcd", "kwok", "metrics-server", "cni-plugins",
+                                                 "coredns"]
+    monkeypatch.setattr(binaries, "_is_built", lambda b: True)
+    found = binaries.ensure(lambda m: None)
+    assert set(binaries.REQUIRED) <= set(found.paths)
+    cni = next(b for b in binaries.BUILDS if b.name == "cni-plugins")
+    assert found.cni_bin_dir == cni.bin_dir / "cni"
+    assert {found[f"cni/{p}"] for p in binaries.CNI_PLUGINS} == {found.cni_bin_dir / p for p in binaries.CNI_PLUGINS}
+    assert found["coredns"] == tmp_path / "cache" / "bin" / "coredns-v1.14.7" / "coredns"
+    assert found["kube-proxy"].parent == found["kube-apiserver"].parent
+
+
+def test_the_stamp_covers_every_file_of_the_wrapper_module(tmp_path, monkeypatch):
+    import hashlib
+
+    monkeypatch.setattr(binaries, "GOBUILD", tmp_path)
+    mod = tmp_path / "w"
+    mod.mkdir()
+    (mod / "go.mod").write_text("module w\n")
+    (mod / "go.sum").write_text("x v1 h1:abc=\n")
+    build = binaries.Build("w", "v1", (("w", "w"),), "-s -w")
+    # A module of go.mod and go.sum alone keeps the stamp it had before main.go counted.
+    old = hashlib.sha256(b"module w\n" + b"x v1 h1:abc=\n" + b"-s -w").hexdigest()
+    assert binaries._stamp(build) == old
+    (mod / "main.go").write_text("package main\n")
+    with_main = binaries._stamp(build)
+    assert with_main != old
+    (mod / "main.go").write_text("package main\n\nfunc main() {}\n")
+    assert binaries._stamp(build) not in (old, with_main)
+    (mod / "sub").mkdir()  # directories are not files of the module
+    assert [f.name for f in binaries._module_files(build)] == ["go.mod", "go.sum", "main.go"]
 
 
 def test_metrics_server_wrapper_module_pins_the_version_and_stamps_it():
@@ -90,6 +181,19 @@ def test_a_bare_version_line_is_read(output, found):
     import re
 
     m = re.search(binaries.VERSION_RULES["metrics-server"].pattern, output)
+    assert (m[1] if m else None) == found
+
+
+@pytest.mark.parametrize("output, found", [
+    ("CoreDNS-1.14.7\nlinux/amd64, go1.26.8, \n", "1.14.7"), ("CoreDNS-1.14.8", "1.14.8"),
+    ("CoreDNS-(untracked dev build)\n", None), ("CoreDNS 1.14.7", None), ("", None),
+])
+def test_coredns_version_glued_to_its_name_is_read(output, found):
+    import re
+
+    rule = binaries.VERSION_RULES["coredns"]
+    assert rule.sample() == "CoreDNS-1.14.7" and rule.args == ("-version",)
+    m = re.search(rule.pattern, output)
     assert (m[1] if m else None) == found
 
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from click.testing import CliRunner
 
-from gpulab import cli
+from gpulab import cli, versions
 
 
 def run(*args: str, home=None):
@@ -42,6 +44,16 @@ def test_versions_lists_the_pins():
     result = run("versions")
     assert result.exit_code == 0
     assert "v1.37.2" in result.output and "v3.6.16" in result.output and "v0.8.0" in result.output
+    for _, version, _ in versions.TABLE:
+        assert f" {version} " in result.output
+
+
+def test_the_readme_versions_table_follows_versions_table():
+    """README's "## 版本" table is versions.TABLE in Chinese: the same rows, in order, with the same versions."""
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = readme.split("\n## 版本\n", 1)[1].split("\n## ", 1)[0]
+    rows = [ln.split("|")[1:-1] for ln in section.splitlines() if ln.startswith("| ")][1:]  # less the header
+    assert [cells[1].strip() for cells in rows] == [version for _, version, _ in versions.TABLE]
 
 
 def test_load_rejects_malformed_values_before_touching_the_cluster(tmp_path):

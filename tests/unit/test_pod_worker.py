@@ -21,7 +21,7 @@ def _worker(calls: list[str], tmp_path: Path, status: dict | None = None, pushed
 
     agent = SimpleNamespace(client=SimpleNamespace(patch=patch),
                             devices=SimpleNamespace(release=lambda pod: calls.append("release devices"), admit=admit),
-                            pods_dir=tmp_path)
+                            pods_dir=tmp_path, images=None)
     pod = {"metadata": {"namespace": "ns", "name": "train", "uid": "u-1"},
            "spec": {"nodeName": "gpu-node-1", "containers": [{"name": "main", "image": "x"}]}}
     if status is not None:

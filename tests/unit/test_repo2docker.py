@@ -175,7 +175,8 @@ build)
     else
         mkdir -p "$GOCACHE" && touch "$GOCACHE/big"
         for n in "${required[@]}" kwokctl; do
-            d="$GPULAB_CACHE/bin/$n-v1"; mkdir -p "$d"; printf '#!/bin/sh\n' >"$d/$n"; chmod 755 "$d/$n"
+            # A name may be a path (cni/bridge): the plugins share their build's cni/.
+            d="$GPULAB_CACHE/bin/${n%%%%/*}-v1"; mkdir -p "$(dirname "$d/$n")"; printf '#!/bin/sh\n' >"$d/$n"; chmod 755 "$d/$n"
             if [ "$n" = kwok ]; then
                 mkdir -p "$d/kwok-crds"; for c in "${crds[@]}"; do echo "kind: CRD" >"$d/kwok-crds/$c"; done
             fi
@@ -213,6 +214,7 @@ def test_postbuild_builds_into_the_environment_and_writes_its_activation(tmp_pat
     target = prefix / IMAGE_BIN_DIR
     for n in binaries.REQUIRED:
         assert os.access(target / n, os.X_OK), n
+    assert sorted(os.listdir(target / binaries.CNI_DIR)) == sorted(binaries.CNI_PLUGINS)
     for c in binaries.KWOK_CRDS:
         assert (target / "kwok-crds" / c).is_file(), c
     # The build ran with every cache in a temporary directory, and that directory is gone.
@@ -237,6 +239,7 @@ def test_postbuild_with_gpulab_bin_dir_verifies_and_builds_nothing(tmp_path: Pat
     ready = tmp_path / "ready"
     (ready / "kwok-crds").mkdir(parents=True)
     for n in binaries.REQUIRED:
+        (ready / n).parent.mkdir(exist_ok=True)  # cni/
         (ready / n).write_text("#!/bin/sh\n")
         (ready / n).chmod(0o755)
     for c in binaries.KWOK_CRDS:

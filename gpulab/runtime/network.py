@@ -1,0 +1,602 @@
+"""The pod network: the real CNI plugins, called the way a CRI runtime calls them.
+
+Three pieces, one module:
+
+- :class:`ClusterNetwork` — the cluster's network namespace, which stands for
+  the nodes' host network. A process of its own holds it
+  (:mod:`gpulab.runtime.netholder`): for an ordinary account inside a user
+  namespace that owns it, as rootless Kubernetes (Usernetes) does; as root in
+  a network namespace of gpulab's own. The host's network is never touched,
+  and nothing in the namespace can reach the host's loopback except the
+  apiserver, through one relay. The host half (:func:`serve`, the cluster
+  component ``pod-network``) starts or adopts the holder and serves that relay.
+- :class:`PodNetwork` — what the node agent does per pod sandbox, as
+  containerd does: a sandbox process (``sleep``, the pause container) in a
+  network namespace of its own, the CNI plugins' ADD on it with the node's
+  config (``<node host>/etc/cni/net.d``: bridge + host-local IPAM from the
+  node's ``podCIDR``, portmap), the result's IP as ``status.podIP``, and DEL
+  when the sandbox is torn down. Containers join the sandbox's namespace, so
+  the containers of a pod share ``localhost``.
+- dialling into the network from the host (:meth:`ClusterNetwork.dial`):
+  probes, port-forwards and readiness checks get a TCP socket connected
+  inside the namespace.
+
+Where namespaces cannot be made (``GPULAB_SANDBOX=process``) there is no pod
+network: the CNI IPAM plugin still gives each pod its IP from the node's
+``podCIDR`` (host-local, the same allocator), but nothing carries traffic to
+it, and containers share the host's network.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from .. import _proc
+from .._fsutil import atomic_write_json, socket_home
+from ..kube.names import API_ADDRESS
+from . import netholder
+from .netholder import splice
+
+log = logging.getLogger("gpulab.runtime")
+
+NETWORK_NAME = "gpulab"
+CNI_CONF = "10-gpulab.conflist"
+CNI_VERSION = "1.0.0"
+HOLDER_FILE = "holder.json"
+#: A pod's record of its sandbox: the sandbox process, the CNI result (the cache libcni keeps for DEL).
+POD_FILE = "network.json"
+TOOL_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+START_TIMEOUT = 15.0
+
+
+class NetworkError(RuntimeError):
+    """The pod network could not be set up or used; the message says what failed and where."""
+
+
+class DialError(OSError):
+    """A dial into the pod network failed; ``detail`` is Go's wording (``connect: connection refused``)."""
+
+    def __init__(self, detail: str):
+        super().__init__(detail)
+        self.detail = detail
+
+
+def rootless() -> bool:
+    return os.geteuid() != 0
+
+
+def _which(name: str, package: str) -> str:
+    path = shutil.which(name, path=f"{os.environ.get('PATH', '')}:{TOOL_PATH}")
+    if not path:
+        raise NetworkError(f"`{name}` ({package}) is not installed; gpulab's pod network needs it")
+    return path
+
+
+def enter_argv(pid: int, net: bool = True) -> list[str]:
+    """``nsenter`` into the namespaces of ``pid`` (a holder or a pod sandbox): its user namespace when not
+    root (credentials kept: the caller's uid is root there), and its network namespace."""
+    argv = [_which("nsenter", "util-linux"), f"--target={pid}"]
+    if rootless():
+        argv += ["--user", "--preserve-credentials"]
+    if net:
+        argv.append("--net")
+    return argv + ["--"]
+
+
+# -- the cluster's network namespace ------------------------------------------------------
+
+
+class ClusterNetwork:
+    """The cluster's network namespace as the host sees it: its holder, dialling into it."""
+
+    def __init__(self, cluster_dir: Path):
+        self.cluster_dir = Path(cluster_dir)
+        # Unix sockets live here: a short real directory under a long GPULAB_HOME.
+        self.dir = socket_home(self.cluster_dir / "network", len(netholder.API_SOCKET) + 8)
+
+    def holder(self) -> int | None:
+        """The holder's pid, if it runs."""
+        try:
+            info = json.loads((self.dir / HOLDER_FILE).read_text())
+        except (OSError, ValueError):
+            return None
+        pid = info.get("pid")
+        return pid if pid and _proc.alive(pid, info.get("start")) else None
+
+    def available(self) -> bool:
+        return self.holder() is not None
+
+    def request(self, message: dict[str, Any], timeout: float = 5.0) -> tuple[dict[str, Any], list[int]]:
+        """One request to the holder; its JSON answer and any file descriptors it passed."""
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        conn.settimeout(timeout)
+        try:
+            conn.connect(str(self.dir / netholder.DIAL_SOCKET))
+            conn.sendall(json.dumps(message).encode() + b"\n")
+            data, fds, _, _ = socket.recv_fds(conn, 4096, 1)
+        except OSError as e:
+            raise NetworkError(f"the pod network's holder does not answer ({self.dir}): {e}") from None
+        finally:
+            conn.close()
+        try:
+            return json.loads(data.decode().splitlines()[0]), fds
+        except (ValueError, IndexError):
+            for fd in fds:
+                os.close(fd)
+            raise NetworkError(f"the pod network's holder answered nonsense: {data[:200]!r}") from None
+
+    def ping(self) -> bool:
+        try:
+            return bool(self.request({"op": "ping"}, timeout=1.0)[0].get("ok"))
+        except NetworkError:
+            return False
+
+    def dial(self, ip: str, port: int, timeout: float, netns: str | None = None) -> socket.socket:
+        """A TCP socket connected to ``ip:port`` inside the network (inside ``netns``, a pod's, if given).
+
+        Raises :class:`DialError` with Go's wording when the connection fails.
+        """
+        answer, fds = self.request({"op": "dial", "ip": ip, "port": int(port), "timeout": timeout,
+                                    "netns": netns}, timeout=timeout + 5.0)
+        if not answer.get("ok") or not fds:
+            for fd in fds:
+                os.close(fd)
+            raise DialError(answer.get("error") or "connect: unknown error")
+        sock = socket.socket(fileno=fds[0])
+        sock.settimeout(None)
+        return sock
+
+    # -- the holder's life ------------------------------------------------------------
+
+    def start_holder(self) -> int:
+        """Start the holder (a new, empty network namespace); returns its pid once it serves."""
+        (self.dir / netholder.READY_FILE).unlink(missing_ok=True)
+        argv = [_which("unshare", "util-linux")]
+        if rootless():
+            argv += ["--user", "--map-root-user"]
+        argv += ["--net", "--", sys.executable, "-m", "gpulab.runtime.netholder", str(self.dir), API_ADDRESS]
+        with open(self.dir / "holder.log", "ab") as out:
+            # A session of its own, and no parent-death signal: the namespace outlives the host half
+            # (a crash of it loses no pod's network) until `gpulab down` stops it.
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
+                                    start_new_session=True, close_fds=True,
+                                    env=dict(os.environ, PATH=f"{os.environ.get('PATH', '')}:{TOOL_PATH}"))
+        deadline = time.monotonic() + START_TIMEOUT
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                lines = (self.dir / "holder.log").read_text(errors="replace").strip().splitlines()
+                raise NetworkError("the pod network's namespace could not be made: "
+                                   + (lines[-1] if lines else f"unshare exited {proc.returncode}"))
+            if (self.dir / netholder.READY_FILE).exists() and self.ping():
+                atomic_write_json(self.dir / HOLDER_FILE, {"pid": proc.pid, "start": _proc.started(proc.pid)})
+                return proc.pid
+            time.sleep(0.02)
+        proc.kill()
+        raise NetworkError(f"the pod network's holder did not start within {START_TIMEOUT:g} s "
+                           f"(log: {self.dir / 'holder.log'})")
+
+    def stop_holder(self) -> bool:
+        pid = self.holder()
+        if pid is None:
+            return False
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+        (self.dir / HOLDER_FILE).unlink(missing_ok=True)
+        return True
+
+
+def serve(cluster_dir: Path, api_port: int) -> None:
+    """The ``pod-network`` component: start or adopt the holder, relay the apiserver to it, until SIGTERM.
+
+    SIGTERM (``gpulab down``) takes the namespace down with it, and the pods' sandboxes; a crash does not:
+    the next start adopts the holder it finds.
+    """
+    network = ClusterNetwork(cluster_dir)
+    pid = network.holder()
+    if pid is None or not network.ping():
+        network.stop_holder()
+        pid = network.start_holder()
+        log.info("pod network: new namespace, holder pid %d", pid)
+    else:
+        log.info("pod network: adopted the namespace of holder pid %d", pid)
+    answer, _ = network.request({"op": "relay", "port": api_port})
+    if not answer.get("ok"):
+        raise NetworkError(f"cannot relay the apiserver into the pod network: {answer.get('error')}")
+    path = network.dir / netholder.API_SOCKET
+    path.unlink(missing_ok=True)
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(path))
+    path.chmod(0o600)
+    server.listen(128)
+    stop = threading.Event()
+
+    def on_term(signum: int, frame: Any) -> None:
+        stop.set()
+        with contextlib.suppress(OSError):
+            server.shutdown(socket.SHUT_RDWR)
+
+    signal.signal(signal.SIGTERM, on_term)
+    (network.dir / "pod-network.ready").write_text(str(os.getpid()))
+    while not stop.is_set():
+        try:
+            client, _ = server.accept()
+        except OSError:
+            break
+        try:
+            upstream = socket.create_connection(("127.0.0.1", api_port), timeout=5)
+            upstream.settimeout(None)
+        except OSError:
+            client.close()
+            continue
+        splice(client, upstream)
+    stop_sandboxes(cluster_dir)
+    network.stop_holder()
+
+
+def ready(cluster_dir: Path) -> bool:
+    """The ``pod-network`` component serves (its ready file, and a holder that answers)."""
+    network = ClusterNetwork(cluster_dir)
+    return (network.dir / "pod-network.ready").exists() and network.ping()
+
+
+def stop_sandboxes(cluster_dir: Path) -> int:
+    """Stop every pod sandbox process of a cluster that goes down; returns how many."""
+    stopped = 0
+    for record in Path(cluster_dir).glob(f"pods/*/{POD_FILE}"):
+        try:
+            info = json.loads(record.read_text())
+        except (OSError, ValueError):
+            continue
+        pid = info.get("sandbox_pid")
+        if pid and _proc.alive(pid, info.get("sandbox_start")):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+                stopped += 1
+    return stopped
+
+
+# -- per pod: the sandbox and the CNI plugins -------------------------------------------------
+
+
+@dataclasses.dataclass
+class PodSandbox:
+    """A pod's network as set up: its IP, and the process whose namespaces its containers join."""
+
+    ip: str | None
+    # The process whose network (and, without root, user) namespace the pod's containers join: the pod's
+    # own sandbox process, or for a hostNetwork pod the holder of the nodes' network. None: no namespace.
+    sandbox_pid: int | None = None
+    sandbox_start: float | None = None
+
+    @property
+    def netns(self) -> str | None:
+        return f"/proc/{self.sandbox_pid}/ns/net" if self.sandbox_pid else None
+
+    def alive(self) -> bool:
+        return self.sandbox_pid is None or _proc.alive(self.sandbox_pid, self.sandbox_start)
+
+
+def conflist(node_host: Path, pod_cidr: str, bridge: str) -> dict[str, Any]:
+    """A node's CNI network configuration: what a cluster's network add-on writes into /etc/cni/net.d."""
+    return {
+        "cniVersion": CNI_VERSION,
+        "name": NETWORK_NAME,
+        "plugins": [
+            {
+                "type": "bridge",
+                "bridge": bridge,
+                "isGateway": True,
+                # Pods never leave for the outside: there is none. kube-proxy masquerades Service traffic.
+                "ipMasq": False,
+                # A pod that calls a Service which picks the pod itself gets its packets back on its own port.
+                "hairpinMode": True,
+                "ipam": {
+                    "type": "host-local",
+                    "ranges": [[{"subnet": pod_cidr}]],
+                    "routes": [{"dst": "0.0.0.0/0"}],
+                    "dataDir": str(node_host / "var" / "lib" / "cni" / "networks"),
+                },
+            },
+            {"type": "portmap", "capabilities": {"portMappings": True}, "backend": "nftables"},
+        ],
+    }
+
+
+def bridge_name(pod_cidr: str) -> str:
+    """A bridge per node, named by its podCIDR's third octet (10.244.3.0/24 → ``cni3``): within 15 bytes."""
+    return "cni" + pod_cidr.split(".")[2]
+
+
+class PodNetwork:
+    """The node agent's side: pod sandboxes on the cluster network, through the CNI plugins."""
+
+    def __init__(self, cluster_dir: Path, nodes_dir: Path, cni_bin: Path | None, isolated: bool):
+        self.cluster = ClusterNetwork(cluster_dir)
+        self.nodes_dir = nodes_dir
+        self.cni_bin = cni_bin
+        # isolated: pods get namespaces of their own (the namespaces sandbox); else IPs only.
+        self.isolated = isolated
+        self.cidrs: dict[str, str] = {}
+        self.lock = threading.Lock()
+
+    # -- per node ------------------------------------------------------------------------
+
+    def conf_path(self, node: str) -> Path:
+        return self.nodes_dir / node / "host" / "etc" / "cni" / "net.d" / CNI_CONF
+
+    def set_node(self, node: str, pod_cidr: str | None) -> None:
+        """The node's podCIDR is known (node IPAM gave it one): write its CNI config."""
+        if not pod_cidr or self.cidrs.get(node) == pod_cidr:
+            return
+        path = self.conf_path(node)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(path, conflist(self.nodes_dir / node / "host", pod_cidr, bridge_name(pod_cidr)))
+        self.cidrs[node] = pod_cidr
+
+    def ready_for(self, node: str) -> bool:
+        return self.conf_path(node).is_file()
+
+    # -- per pod -------------------------------------------------------------------------
+
+    def setup(self, pod: dict[str, Any], node: str, pod_dir: Path, processes: bool = True) -> PodSandbox:
+        """Create the pod's sandbox and run the CNI ADDs on it; raises NetworkError.
+
+        ``processes``: some container runs a process. A pod whose containers are all built-in programs
+        of the node agent (the GPU stack's) gets its IP from IPAM alone, and no namespace: nothing of it
+        runs where one would be.
+        """
+        if self.cni_bin is None:
+            raise NetworkError("the CNI plugins are not installed (gpulab build makes them)")
+        found = self.adopt(pod_dir)
+        if found is not None and found.alive():
+            return found
+        if found is not None:
+            self.teardown(pod, node, pod_dir)  # a sandbox that died (the node went down): a new one
+        conf = self._conf(node)
+        host_network = bool((pod.get("spec") or {}).get("hostNetwork"))
+        if not self.isolated or host_network or not processes:
+            try:
+                result = self._cni_ipam(pod, conf, "ADD")
+            except NetworkError:
+                with contextlib.suppress(NetworkError):
+                    self._cni_ipam(pod, conf, "DEL")
+                raise
+            record: dict[str, Any] = {"ip": _first_ip(result), "result": result, "ipam_only": True}
+            if self.isolated and host_network:
+                # The node's own network: the namespace the holder keeps.
+                holder = self.cluster.holder()
+                record.update(join_pid=holder, join_start=_proc.started(holder) if holder else None)
+            atomic_write_json(pod_dir / POD_FILE, record)
+            return PodSandbox(record["ip"], record.get("join_pid"), record.get("join_start"))
+        if not self.cluster.available():
+            raise NetworkError("the pod network is not running (component pod-network); `gpulab up` starts it")
+        pid, start = self._start_sandbox(pod_dir)
+        record: dict[str, Any] = {"sandbox_pid": pid, "sandbox_start": start}
+        atomic_write_json(pod_dir / POD_FILE, record)
+        netns = f"/proc/{pid}/ns/net"
+        try:
+            self._exec(pod, {"cniVersion": CNI_VERSION, "name": "cni-loopback", "type": "loopback"}, "ADD",
+                       netns)
+            result = self._add_list(pod, conf, netns)
+        except NetworkError:
+            # Undo what got done (an address reserved, a veth made), as a runtime does after a failed ADD.
+            for plugin in reversed(conf["plugins"]):
+                with contextlib.suppress(NetworkError):
+                    self._exec(pod, _plugin_conf(conf, plugin, None), "DEL", netns)
+            self._kill(pid, start)
+            (pod_dir / POD_FILE).unlink(missing_ok=True)
+            raise
+        ip = _first_ip(result)
+        record.update(ip=ip, result=result)
+        atomic_write_json(pod_dir / POD_FILE, record)
+        return PodSandbox(ip, pid, start)
+
+    def adopt(self, pod_dir: Path) -> PodSandbox | None:
+        """The sandbox an earlier node agent set up for this pod, if it left a record."""
+        try:
+            info = json.loads((pod_dir / POD_FILE).read_text())
+        except (OSError, ValueError):
+            return None
+        if info.get("ip") is None and not info.get("sandbox_pid"):
+            return None
+        if info.get("ipam_only"):
+            return PodSandbox(info.get("ip"), info.get("join_pid"), info.get("join_start"))
+        return PodSandbox(info.get("ip"), info.get("sandbox_pid"), info.get("sandbox_start"))
+
+    def teardown(self, pod: dict[str, Any], node: str, pod_dir: Path) -> None:
+        """CNI DEL (the plugins in reverse, with the cached ADD result) and stop the sandbox process."""
+        try:
+            info = json.loads((pod_dir / POD_FILE).read_text())
+        except (OSError, ValueError):
+            return
+        try:
+            conf = self._conf(node)
+            if info.get("ipam_only"):
+                self._cni_ipam(pod, conf, "DEL")
+            else:
+                sb = PodSandbox(info.get("ip"), info.get("sandbox_pid"), info.get("sandbox_start"))
+                netns = sb.netns if sb.alive() else ""
+                for plugin in reversed(conf["plugins"]):
+                    self._exec(pod, _plugin_conf(conf, plugin, info.get("result")), "DEL", netns or "")
+                if info.get("sandbox_pid"):
+                    self._kill(info["sandbox_pid"], info.get("sandbox_start"))
+        except NetworkError as e:
+            log.warning("CNI DEL for %s failed: %s", pod["metadata"].get("name"), e)
+        (pod_dir / POD_FILE).unlink(missing_ok=True)
+
+    def dial(self, ip: str, port: int, timeout: float) -> socket.socket:
+        """Dial a pod from the node's side (a kubelet's prober does), through the cluster network."""
+        if not self.isolated:
+            # No namespaces: containers listen on the host's network itself.
+            try:
+                return socket.create_connection(("127.0.0.1", port), timeout=timeout)
+            except OSError as e:
+                raise DialError(netholder.go_error(e)) from None
+        try:
+            return self.cluster.dial(ip, port, timeout)
+        except NetworkError as e:
+            raise DialError(str(e)) from None
+
+    # -- the CNI protocol -------------------------------------------------------------------
+
+    def _conf(self, node: str) -> dict[str, Any]:
+        try:
+            return json.loads(self.conf_path(node).read_text())
+        except (OSError, ValueError):
+            raise NetworkError(f"node {node} has no CNI config yet ({self.conf_path(node)}): "
+                               "it has no podCIDR") from None
+
+    def _add_list(self, pod: dict[str, Any], conf: dict[str, Any], netns: str) -> dict[str, Any]:
+        result: dict[str, Any] | None = None
+        for plugin in conf["plugins"]:
+            out = self._exec(pod, _plugin_conf(conf, plugin, result, _runtime_config(pod, plugin)), "ADD", netns)
+            result = out or result
+        return result or {}
+
+    def _cni_ipam(self, pod: dict[str, Any], conf: dict[str, Any], command: str) -> dict[str, Any]:
+        """Only the IPAM plugin of the node's bridge config (no namespace to put an interface in)."""
+        bridge = conf["plugins"][0]
+        ipam_conf = {"cniVersion": conf["cniVersion"], "name": conf["name"], "type": bridge["ipam"]["type"],
+                     "ipam": bridge["ipam"]}
+        return self._exec(pod, ipam_conf, command, "/proc/self/ns/net", plugin=bridge["ipam"]["type"], host=True)
+
+    def _exec(self, pod: dict[str, Any], conf: dict[str, Any], command: str, netns: str,
+              plugin: str | None = None, host: bool = False) -> dict[str, Any]:
+        """Run one CNI plugin as libcni does: environment, config on stdin, result (or error) on stdout."""
+        assert self.cni_bin is not None
+        md = pod["metadata"]
+        name = plugin or conf["type"]
+        binary = self.cni_bin / name
+        env = {
+            "CNI_COMMAND": command, "CNI_CONTAINERID": md["uid"], "CNI_NETNS": netns, "CNI_IFNAME": "eth0",
+            "CNI_PATH": str(self.cni_bin), "PATH": TOOL_PATH,
+            "CNI_ARGS": f"IgnoreUnknown=1;K8S_POD_NAMESPACE={md['namespace']};K8S_POD_NAME={md['name']};"
+                        f"K8S_POD_INFRA_CONTAINER_ID={md['uid']};K8S_POD_UID={md['uid']}",
+        }
+        if host:
+            # IPAM alone, in the caller's own namespace: no interface goes anywhere, so the plugin is told
+            # not to refuse the namespace it runs in (the libcni knob for exactly this).
+            env["CNI_NETNS_OVERRIDE"] = "1"
+        holder = None if host or not self.isolated else self.cluster.holder()
+        if not host and self.isolated and holder is None:
+            raise NetworkError("the pod network is not running (component pod-network)")
+        argv = (enter_argv(holder) if holder else []) + [str(binary)]
+        proc = subprocess.run(argv, input=json.dumps(conf).encode(), env=env, capture_output=True, timeout=60)
+        out = proc.stdout.decode(errors="replace").strip()
+        if proc.returncode != 0:
+            try:
+                err = json.loads(out)
+                why = err.get("msg", out) + (f": {err['details']}" if err.get("details") else "")
+            except ValueError:
+                why = out or proc.stderr.decode(errors="replace").strip() or f"exit {proc.returncode}"
+            raise NetworkError(f"CNI {command} ({name}) failed for pod {md['namespace']}/{md['name']}: {why}")
+        if command != "ADD" or not out:
+            return {}
+        try:
+            return json.loads(out)
+        except ValueError:
+            raise NetworkError(f"CNI {command} ({name}) printed no result: {out[:200]}") from None
+
+    # -- the sandbox process -------------------------------------------------------------------
+
+    def _start_sandbox(self, pod_dir: Path) -> tuple[int, float | None]:
+        """The pause process: a new network namespace in the cluster's user namespace, holding still.
+
+        As a container runtime does for every sandbox, unprivileged ports start at 0 in it
+        (``net.ipv4.ip_unprivileged_port_start``), so a container's server binds port 80 as any user.
+        """
+        holder = self.cluster.holder()
+        assert holder is not None
+        script = "echo 0 > /proc/sys/net/ipv4/ip_unprivileged_port_start && exec sleep infinity"
+        argv = enter_argv(holder, net=False) + [_which("unshare", "util-linux"), "--net", "--",
+                                                 "/bin/sh", "-c", script]
+        with open(pod_dir / "sandbox.log", "ab") as err:
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
+                                    start_new_session=True, close_fds=True)
+        deadline = time.monotonic() + START_TIMEOUT
+        # Its namespace is the new one once it is `sleep`: before that CNI would configure the holder's.
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                why = (pod_dir / "sandbox.log").read_text(errors="replace").strip().splitlines()
+                raise NetworkError(f"the pod's sandbox did not start: {why[-1] if why else proc.returncode}")
+            try:
+                if Path(f"/proc/{proc.pid}/comm").read_text().strip() == "sleep":
+                    return proc.pid, _proc.started(proc.pid)
+            except OSError:
+                pass
+            time.sleep(0.005)
+        proc.kill()
+        raise NetworkError("the pod's sandbox did not start within 15 s")
+
+    @staticmethod
+    def _kill(pid: int, start: float | None) -> None:
+        if _proc.alive(pid, start):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def _plugin_conf(conf: dict[str, Any], plugin: dict[str, Any], prev: dict[str, Any] | None,
+                 runtime_config: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One plugin's config from a list, as libcni builds it: the list's name and version, the previous result."""
+    out = dict(plugin, cniVersion=conf["cniVersion"], name=conf["name"])
+    out.pop("capabilities", None)
+    if prev:
+        out["prevResult"] = prev
+    if runtime_config:
+        out["runtimeConfig"] = runtime_config
+    return out
+
+
+def _runtime_config(pod: dict[str, Any], plugin: dict[str, Any]) -> dict[str, Any] | None:
+    """The capability args a runtime passes: hostPort mappings for portmap."""
+    if not (plugin.get("capabilities") or {}).get("portMappings"):
+        return None
+    mappings = []
+    for c in (pod.get("spec") or {}).get("containers") or []:
+        for p in c.get("ports") or []:
+            if p.get("hostPort"):
+                mappings.append({"hostPort": int(p["hostPort"]), "containerPort": int(p["containerPort"]),
+                                 "protocol": (p.get("protocol") or "TCP").lower(),
+                                 "hostIP": p.get("hostIP", "")})
+    return {"portMappings": mappings} if mappings else None
+
+
+def _first_ip(result: dict[str, Any]) -> str | None:
+    for entry in result.get("ips") or []:
+        address = entry.get("address", "")
+        if address:
+            return address.split("/")[0]
+    return None
+
+
+def main(argv: list[str]) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m gpulab.runtime.network")
+    parser.add_argument("--cluster-dir", required=True, type=Path)
+    parser.add_argument("--apiserver-port", required=True, type=int)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        serve(args.cluster_dir, args.apiserver_port)
+    except NetworkError as e:
+        print(f"gpulab pod network: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,72 @@
+"""What the kubelet writes into a pod (resolv.conf, hosts) and the CNI config a node gets."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from gpulab.runtime import dnsconfig, images, network
+
+
+def _pod(**spec):
+    return {"metadata": {"name": "trainer-0", "namespace": "team-a", "uid": "u1"}, "spec": spec}
+
+
+def test_cluster_first_names_cluster_dns_with_the_kubelets_search_path():
+    text = dnsconfig.resolv_conf(_pod())
+    assert text == ("search team-a.svc.cluster.local svc.cluster.local cluster.local\n"
+                    "nameserver 10.96.0.10\noptions ndots:5\n")
+
+
+def test_dns_config_adds_to_the_policy_and_none_keeps_only_it():
+    pod = _pod(dnsConfig={"nameservers": ["1.2.3.4"], "searches": ["corp.example"],
+                          "options": [{"name": "ndots", "value": "2"}, {"name": "edns0"}]})
+    text = dnsconfig.resolv_conf(pod)
+    assert "nameserver 10.96.0.10\nnameserver 1.2.3.4\n" in text
+    assert "cluster.local corp.example\n" in text
+    assert text.endswith("options ndots:2 edns0\n")
+    only = dnsconfig.resolv_conf(_pod(dnsPolicy="None", dnsConfig={"nameservers": ["1.2.3.4"]}))
+    assert only == "nameserver 1.2.3.4\n"
+
+
+def test_hosts_names_the_pod_by_its_subdomain_fqdn_and_its_aliases():
+    pod = _pod(hostname="trainer-0", subdomain="workers", hostAliases=[{"ip": "10.1.2.3", "hostnames": ["db"]}])
+    text = dnsconfig.hosts_file(pod, "10.244.1.7")
+    assert text.startswith("# Kubernetes-managed hosts file.\n127.0.0.1\tlocalhost\n")
+    assert "10.244.1.7\ttrainer-0.workers.team-a.svc.cluster.local\ttrainer-0\n" in text
+    assert text.endswith("# Entries added by HostAliases.\n10.1.2.3\tdb\n")
+    assert "10.244.1.7\ttrainer-0\n" in dnsconfig.hosts_file(_pod(), "10.244.1.7")
+
+
+def test_write_mounts_the_three_files_at_their_etc_paths(tmp_path: Path):
+    mounts = dnsconfig.write(_pod(), "10.244.1.7", tmp_path)
+    assert sorted(m.container_path for m in mounts) == ["/etc/hostname", "/etc/hosts", "/etc/resolv.conf"]
+    assert (tmp_path / "etc" / "hostname").read_text() == "trainer-0\n"
+
+
+def test_a_nodes_cni_config_is_a_bridge_on_its_pod_cidr_with_host_local_ipam(tmp_path: Path):
+    conf = network.conflist(tmp_path, "10.244.3.0/24", network.bridge_name("10.244.3.0/24"))
+    bridge, portmap = conf["plugins"]
+    assert (bridge["type"], bridge["bridge"], bridge["isGateway"]) == ("bridge", "cni3", True)
+    assert bridge["ipam"]["ranges"] == [[{"subnet": "10.244.3.0/24"}]]
+    assert bridge["ipam"]["dataDir"].startswith(str(tmp_path))
+    assert portmap["capabilities"] == {"portMappings": True}
+
+
+def test_a_plugins_config_carries_the_lists_name_version_and_previous_result():
+    conf = network.conflist(Path("/x"), "10.244.0.0/24", "cni0")
+    prev = {"ips": [{"address": "10.244.0.5/24"}]}
+    pod = {"spec": {"containers": [{"ports": [{"containerPort": 80, "hostPort": 8080}]}]}}
+    one = network._plugin_conf(conf, conf["plugins"][1], prev, network._runtime_config(pod, conf["plugins"][1]))
+    assert (one["name"], one["cniVersion"], one["prevResult"]) == ("gpulab", "1.0.0", prev)
+    assert one["runtimeConfig"]["portMappings"][0]["hostPort"] == 8080
+    assert "capabilities" not in one
+    assert network._first_ip(prev) == "10.244.0.5"
+
+
+def test_an_image_is_known_by_its_repository_whatever_its_tag_or_digest():
+    catalog = images.ImageCatalog([images.Entrypoint("registry.k8s.io/coredns/coredns", ("/coredns",),
+                                                     Path("/bin/coredns"))])
+    assert catalog.lookup("registry.k8s.io/coredns/coredns:v1.14.7") is not None
+    assert catalog.lookup("registry.k8s.io/coredns/coredns@sha256:abc") is not None
+    assert catalog.lookup("localhost:5000/coredns") is None
+    assert images.repository("localhost:5000/x/y:1") == "localhost:5000/x/y"
