@@ -132,7 +132,7 @@ test-notebooks: install-test build
 
 # What .ci/as-learner runs as an ordinary account (learners are not root): the GPU stack's cluster
 # tests, notebooks 01-04 and lab 02's grading; then workloads and notebooks 01, 05 in the process sandbox.
-LEARNER_TESTS := tests/cluster/test_gpu_operator.py tests/cluster/test_gpu_sharing.py tests/cluster/test_gpu_mig.py \
+LEARNER_TESTS := tests/cluster/test_pod_network.py tests/cluster/test_gpu_operator.py tests/cluster/test_gpu_sharing.py tests/cluster/test_gpu_mig.py \
 	tests/cluster/test_gpu_faults.py tests/cluster/test_lab_02.py tests/notebooks/test_notebooks.py
 test-learner: install-test build
 	$(BIN)/python -m pytest $(LEARNER_TESTS) -k "not test_notebook_runs or 01- or 02- or 03- or 04-" $(PYTEST_ARGS)

@@ -134,9 +134,10 @@ REQUIRED = (
     "etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok", "metrics-server",
     "kube-proxy", "coredns", *(f"{CNI_DIR}/{p}" for p in CNI_PLUGINS),
 )
-# KWOK's CRDs for per-pod logs and exec targets; copied out of the kwok module
+# KWOK's CRDs for per-pod logs, exec and port-forward targets; copied out of the kwok module
 # at build time because the kwok controller does not install them itself.
-KWOK_CRDS = ("kwok.x-k8s.io_clusterlogs.yaml", "kwok.x-k8s.io_clusterexecs.yaml")
+KWOK_CRDS = ("kwok.x-k8s.io_clusterlogs.yaml", "kwok.x-k8s.io_clusterexecs.yaml",
+             "kwok.x-k8s.io_clusterportforwards.yaml")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -236,7 +237,7 @@ def _is_built(build: Build) -> bool:
         return False
     return data.get("stamp") == _stamp(build) and all(
         (build.bin_dir / out).is_file() for _, out in build.programs
-    )
+    ) and (build.name != "kwok" or all((build.bin_dir / "kwok-crds" / crd).is_file() for crd in KWOK_CRDS))
 
 
 def _go() -> str:

@@ -36,7 +36,7 @@ from .._fsutil import hold_lock
 from .base import ClusterError, Say
 from .base import say_to_stderr as _say
 from ..kube.names import API_ADDRESS, NODE_ANNOTATION, POD_CIDR, SERVICE_CIDR
-from ..runtime import network, sandbox, shim
+from ..runtime import network, sandbox, shim, streaming
 from ..runtime.resourcemetrics import SERVING_CERT as NODE_AGENT_SERVING_CERT
 from . import binaries, clusterdns, kubeproxy, metricsserver, nodes
 from ..kube import kubeconfig, pki
@@ -306,13 +306,13 @@ class EmbeddedCluster(StateDir):
                 "--node-ip=127.0.0.1", "--node-name=localhost", f"--node-port={port}",
                 f"--server-address=127.0.0.1:{port}",
                 f"--tls-cert-file={p / 'kwok.crt'}", f"--tls-private-key-file={p / 'kwok.key'}",
-                "--node-lease-duration-seconds=40", "--enable-crds=ClusterLogs,ClusterExec",
+                "--node-lease-duration-seconds=40", "--enable-crds=ClusterLogs,ClusterExec,ClusterPortForward",
                 f"--cidr={POD_CIDR}",
             ], https_ok(f"https://127.0.0.1:{port}/healthz"),
-                # kwok resolves `kubectl exec` commands on its own PATH; <root>/bin
-                # holds shims (nvidia-smi) that look them up on the pod's PATH.
+                # kwok resolves `kubectl exec` commands on its own PATH: first the links that run them in
+                # the container (runtime/streaming.py), then <root>/bin (shims such as nvidia-smi).
                 env=dict(os.environ, KWOK_WORKDIR=str(self.root / "kwok-work"),
-                         PATH=f"{self.root / 'bin'}:{os.environ.get('PATH', '')}"))
+                         PATH=f"{self.root / streaming.FARM}:{self.root / 'bin'}:{os.environ.get('PATH', '')}"))
         if name == "node-agent":
             ready = self.root / "node-agent.ready"
             ready.unlink(missing_ok=True)

@@ -54,6 +54,7 @@ KINDS: dict[str, tuple[str, str, bool]] = {
     "EventsV1": ("/apis/events.k8s.io/v1", "events", True),
     "ClusterLogs": ("/apis/kwok.x-k8s.io/v1alpha1", "clusterlogs", False),
     "ClusterExec": ("/apis/kwok.x-k8s.io/v1alpha1", "clusterexecs", False),
+    "ClusterPortForward": ("/apis/kwok.x-k8s.io/v1alpha1", "clusterportforwards", False),
     "ClusterPolicy": ("/apis/nvidia.com/v1", "clusterpolicies", False),
 }
 

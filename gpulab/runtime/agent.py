@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
 from ..kube import api
-from . import sandbox
+from . import sandbox, streaming
 from .devices import DeviceHooks, NoDevices
 from .images import ImageCatalog
 from .network import PodNetwork
@@ -31,6 +32,10 @@ from .volumes import VolumeBuilder
 from ..kube.names import NODE_ANNOTATION
 
 log = logging.getLogger("gpulab.runtime")
+
+
+# KWOK's per-pod objects for the kubelet API's logs, exec and port-forward.
+KINDS = ("ClusterLogs", "ClusterExec", "ClusterPortForward")
 
 
 class LogRegistry:
@@ -63,35 +68,43 @@ class LogRegistry:
             if prev:
                 entry["previousLogsFile"] = str(prev)
             logs.append(entry)
-            env = {"PATH": sandbox.DEFAULT_PATH, "HOSTNAME": name}
-            grant = worker.agent.devices.prepare(worker.pod, c.spec)
-            env.update(grant.env)
-            for m in grant.mounts:
-                # nvidia-smi and friends: make them findable from exec too.
-                if m.container_path.startswith("/usr/bin/"):
-                    env["PATH"] = f"{Path(m.host_path).parent}:{env['PATH']}"
+            # The command runs in the container (streaming.dispatch hands it to the node agent's ExecServer);
+            # KWOK only starts the dispatcher, from its own PATH, in this directory.
             workdir = worker.dir / "exec" / c.name
             workdir.mkdir(parents=True, exist_ok=True)
             workdir.chmod(0o777)
+            env = {streaming.SOCKET_ENV: str(streaming.socket_path(worker.agent.cluster_dir)),
+                   streaming.TARGET_ENV: f"{worker.key[2]}/{c.name}"}
             local: dict[str, Any] = {"workDir": str(workdir), "envs": [{"name": k, "value": v} for k, v in env.items()]}
             if os.geteuid() == 0:
                 local["securityContext"] = {"runAsUser": sandbox.NOBODY, "runAsGroup": sandbox.NOBODY}
             execs.append({"containers": [c.name], "local": local})
+        forwards = []
+        if worker.net is not None and worker.net.sandbox_pid and not worker.net.shared:
+            ports = sorted({int(p["containerPort"]) for c in worker.init + worker.main
+                            for p in c.spec.get("ports") or [] if (p.get("protocol") or "TCP") == "TCP"})
+            forwards = [{"ports": [port], "command": [sys.executable, "-I", "-m", "gpulab.runtime.streaming", "forward",
+                                                      str(worker.agent.cluster_dir), str(worker.net.sandbox_pid),
+                                                      str(port)]} for port in ports]
         meta = {"name": self.name(worker), "labels": {"gpulab.io/pod-uid": worker.key[2]}}
         try:
             self.client.apply({"apiVersion": "kwok.x-k8s.io/v1alpha1", "kind": "ClusterLogs", "metadata": meta,
                                "spec": {"selector": selector, "logs": logs}}, manager="gpulab-node-agent")
             self.client.apply({"apiVersion": "kwok.x-k8s.io/v1alpha1", "kind": "ClusterExec", "metadata": meta,
                                "spec": {"selector": selector, "execs": execs}}, manager="gpulab-node-agent")
+            if forwards:
+                self.client.apply({"apiVersion": "kwok.x-k8s.io/v1alpha1", "kind": "ClusterPortForward",
+                                   "metadata": meta, "spec": {"selector": selector, "forwards": forwards}},
+                                  manager="gpulab-node-agent")
         except (api.ApiError, api.NotFound) as e:
             log.warning("cannot publish logs/exec for %s/%s: %s", ns, name, e)
 
     def unregister(self, worker: PodWorker) -> None:
-        for kind in ("ClusterLogs", "ClusterExec"):
+        for kind in KINDS:
             self.client.delete(kind, self.name(worker))
 
     def sweep(self, live_uids: set[str]) -> None:
-        for kind in ("ClusterLogs", "ClusterExec"):
+        for kind in KINDS:
             for obj in self.client.list(kind):
                 uid = (obj["metadata"].get("labels") or {}).get("gpulab.io/pod-uid")
                 if uid and uid not in live_uids:
@@ -193,6 +206,9 @@ class NodeAgent:
 
     def run(self, ready_file: Path | None = None) -> None:
         sandbox.check()
+        # `kubectl exec`: KWOK finds every program here first, and the node agent runs it in the container.
+        streaming.write_farm(self.cluster_dir)
+        streaming.ExecServer(self).start()
         self.nodes_synced = threading.Event()
         threads = [
             threading.Thread(target=self._watch, args=("Node", self._on_node), daemon=True, name="watch-nodes"),

@@ -280,6 +280,8 @@ class PodSandbox:
     # own sandbox process, or for a hostNetwork pod the holder of the nodes' network. None: no namespace.
     sandbox_pid: int | None = None
     sandbox_start: float | None = None
+    # The namespace is the nodes' own (a hostNetwork pod's): not the pod's to forward into.
+    shared: bool = False
 
     @property
     def netns(self) -> str | None:
@@ -380,7 +382,7 @@ class PodNetwork:
                 holder = self.cluster.holder()
                 record.update(join_pid=holder, join_start=_proc.started(holder) if holder else None)
             atomic_write_json(pod_dir / POD_FILE, record)
-            return PodSandbox(record["ip"], record.get("join_pid"), record.get("join_start"))
+            return PodSandbox(record["ip"], record.get("join_pid"), record.get("join_start"), shared=True)
         if not self.cluster.available():
             raise NetworkError("the pod network is not running (component pod-network); `gpulab up` starts it")
         pid, start = self._start_sandbox(pod_dir)
@@ -413,7 +415,7 @@ class PodNetwork:
         if info.get("ip") is None and not info.get("sandbox_pid"):
             return None
         if info.get("ipam_only"):
-            return PodSandbox(info.get("ip"), info.get("join_pid"), info.get("join_start"))
+            return PodSandbox(info.get("ip"), info.get("join_pid"), info.get("join_start"), shared=True)
         return PodSandbox(info.get("ip"), info.get("sandbox_pid"), info.get("sandbox_start"))
 
     def teardown(self, pod: dict[str, Any], node: str, pod_dir: Path) -> None:

@@ -490,15 +490,27 @@ class PodWorker(threading.Thread):
                 c.stop(grace=min(float(grace), 5.0))
                 return
 
-    def _exec(self, c: Container, cmd: list[str], timeout: float) -> tuple[int, str]:
+    def exec_spec(self, c: Container, argv: list[str], run: Path) -> sandbox.SandboxSpec:
+        """A command in container ``c``'s sandbox, as a runtime execs one: its env, mounts, devices, user, network.
+
+        Exec probes and ``kubectl exec`` (:mod:`gpulab.runtime.streaming`) both run through it.
+        """
         env = self._env(c)
         grant = self.agent.devices.prepare(self.pod, c.spec)
         env.update(grant.env)
-        run = self.dir / "run" / f"{c.name}-probe"
-        spec = sandbox.SandboxSpec(argv=cmd, env=env, rootfs=run / "rootfs", workdir=c.spec.get("workingDir") or "/",
-                                   mounts=self.etc_mounts + self._mounts(c) + grant.mounts, devices=grant.devices,
+        mounts = self.etc_mounts + self._mounts(c) + grant.mounts
+        if c.entrypoint is not None:
+            mounts += c.entrypoint.mounts()
+        sc = {**(self.pod["spec"].get("securityContext") or {}), **(c.spec.get("securityContext") or {})}
+        uid = int(sc["runAsUser"]) if sc.get("runAsUser") else sandbox.NOBODY
+        gid = int(sc["runAsGroup"]) if sc.get("runAsGroup") is not None else uid
+        return sandbox.SandboxSpec(argv=argv, env=env, rootfs=run / "rootfs", workdir=c.spec.get("workingDir") or "/",
+                                   mounts=mounts, devices=grant.devices, uid=uid, gid=gid,
                                    hostname=dnsconfig.hostname(self.pod), join_pid=self._join_pid())
-        proc = sandbox.launch(spec, run / "sandbox.json", subprocess.PIPE, subprocess.STDOUT)
+
+    def _exec(self, c: Container, cmd: list[str], timeout: float) -> tuple[int, str]:
+        run = self.dir / "run" / f"{c.name}-probe"
+        proc = sandbox.launch(self.exec_spec(c, cmd, run), run / "sandbox.json", subprocess.PIPE, subprocess.STDOUT)
         try:
             out, _ = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
