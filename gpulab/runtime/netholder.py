@@ -47,6 +47,7 @@ CLONE_NEWNET = 0x40000000
 DIAL_SOCKET = "dial.sock"
 API_SOCKET = "apiserver.sock"
 READY_FILE = "holder.ready"
+UPLINK = "uplink0"
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
 
@@ -110,6 +111,13 @@ class Holder:
     def configure(self) -> None:
         _run(["ip", "link", "set", "lo", "up"])
         _run(["ip", "addr", "replace", f"{self.api_address}/32", "dev", "lo"])
+        # A node has a default route. Here it leads nowhere (a veth whose other end stays down: what
+        # leaves is dropped, as on a node with no way out), but with it a ClusterIP is routable from the
+        # nodes' own network, for kube-proxy's rules to rewrite. (A dummy link needs a kernel module
+        # that a user namespace cannot load.)
+        _run(["ip", "link", "add", UPLINK, "type", "veth", "peer", "name", UPLINK + "-peer"])
+        _run(["ip", "link", "set", UPLINK, "up"])
+        _run(["ip", "route", "replace", "default", "dev", UPLINK])
         Path("/proc/sys/net/ipv4/ip_forward").write_text("1\n")
 
     # -- the apiserver relay ------------------------------------------------------

@@ -469,9 +469,10 @@ class PodWorker(threading.Thread):
             result = probes.run_handler(st.spec, now - c.started_at, c.load_seconds,
                                         lambda cmd, t: self._exec(c, cmd, t),
                                         simulated=c.simulated, pod_ip=self.pod_ip,
-                                        dial=self.agent.network.dial if getattr(self.agent, "network", None) else None,
-                                        container_ports=c.spec.get("ports") or [])
+                                        dial=self.agent.network.dial, container_ports=c.spec.get("ports") or [])
             crossed = prober.record(st, result, now)
+            if result.warning:
+                self._event("ProbeWarning", f"{probes.describe(kind)} probe warning: {result.output}", "Warning")
             if not result.ok:
                 self._event("Unhealthy", f"{probes.describe(kind)} probe failed: {result.output}".rstrip(": "),
                             "Warning")

@@ -19,7 +19,10 @@ the pod as a CRI runtime's streaming server does:
   ``127.0.0.1:<port>`` inside the pod's network namespace (through the pod
   network's holder, :mod:`gpulab.runtime.network`) and relays its stdin and
   stdout — what the CRI does. KWOK matches forwards by port, so the ports
-  are those the pod's containers declare (``containerPort``).
+  are those the pod's containers declare (``containerPort``). KWOK ends a
+  forwarded connection when the client closes it: a server that marks the end
+  of its answer only by closing (HTTP/1.0 without ``Content-Length``) leaves
+  the client waiting for more.
 """
 
 from __future__ import annotations

@@ -36,7 +36,8 @@ def server(name: str, port: int, node: str | None = None, reply: str = "hello") 
             "class H(http.server.BaseHTTPRequestHandler):\n"
             "    def do_GET(self):\n"
             f"        body = ('{reply} from ' + socket.gethostname()).encode()\n"
-            "        self.send_response(200); self.end_headers(); self.wfile.write(body)\n"
+            "        self.send_response(200); self.send_header('Content-Length', str(len(body)))\n"
+            "        self.end_headers(); self.wfile.write(body)\n"
             "    def log_message(self, *a): pass\n"
             f"http.server.ThreadingHTTPServer(('', {port}), H).serve_forever()\n")
     return pod(name, ["python3", "-c", code], node, restart="Always",
@@ -185,3 +186,53 @@ def test_a_pod_reaches_the_apiserver_only_through_the_kubernetes_service(kube, k
     service, loopback_api, loopback_ssh = logs(kubectl, ns, "probe").split()
     assert service == "open"
     assert loopback_api == "ConnectionRefusedError" and loopback_ssh == "ConnectionRefusedError"
+
+
+def test_kubectl_exec_runs_in_the_pods_network_with_its_dns(kube, kubectl, ns):
+    # (Named apart from the Service: a pod's /etc/hosts names the pod itself, as the kubelet writes it.)
+    create(kube, ns, server("srv", 8080))
+    create(kube, ns, {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web"},
+                      "spec": {"selector": {"app": "srv"}, "ports": [{"port": 80, "targetPort": 8080}]}})
+    wait_for(lambda: ready(kube, ns, "srv"), 60, what="server Ready")
+    code = ("import socket, time, urllib.request\n"
+            "print(socket.gethostname(), open('/etc/resolv.conf').read().split()[1])\n"
+            "for i in range(10):\n"
+            "    try: print(urllib.request.urlopen('http://web/', timeout=3).read().decode()); break\n"
+            "    except Exception as e: print(repr(e)); time.sleep(1)\n")
+    out = kubectl("-n", ns, "exec", "srv", "--", "python3", "-c", code).stdout.splitlines()
+    # (Refused until kube-proxy has the endpoint: a Service without endpoints rejects connections.)
+    assert (out[0], out[-1]) == (f"srv {ns}.svc.cluster.local", "hello from srv"), out
+
+
+def test_kubectl_port_forward_reaches_a_pod_and_a_service(kube, kubectl, ns, cluster):
+    import socket as socketlib
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+    from pathlib import Path
+
+    create(kube, ns, server("web", 8080))
+    create(kube, ns, {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web"},
+                      "spec": {"selector": {"app": "web"}, "ports": [{"port": 80, "targetPort": 8080}]}})
+    wait_for(lambda: ready(kube, ns, "web"), 60, what="server Ready")
+    exe = str(Path(sys.executable).parent / "kubectl")
+    for target, remote in (("pod/web", "8080"), ("svc/web", "80")):
+        with socketlib.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            local = s.getsockname()[1]
+        proc = subprocess.Popen([exe, "--kubeconfig", str(cluster.kubeconfig), "-n", ns, "port-forward", target,
+                                 f"{local}:{remote}", "--address=127.0.0.1"],
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        try:
+            body = None
+            for _ in range(50):
+                try:
+                    body = urllib.request.urlopen(f"http://127.0.0.1:{local}/", timeout=3).read().decode()
+                    break
+                except OSError:
+                    time.sleep(0.2)
+        finally:
+            proc.terminate()
+            said = proc.communicate(timeout=10)[0]
+        assert body == "hello from web", f"{target}: kubectl port-forward said: {said}"
