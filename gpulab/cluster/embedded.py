@@ -10,13 +10,22 @@ Start order and why:
    leader election off (one replica; a stale lease would delay a restart).
 4. ``kwok`` — node heartbeats and leases, and the kubelet's HTTP API
    (``kubectl logs``/``exec``) for every simulated node.
-5. ``node-agent`` — gpulab's simulated kubelet: runs pods' containers,
+5. ``pod-network`` — the nodes' shared network namespace, where the CNI
+   plugins put every pod (:mod:`gpulab.runtime.network`); it relays the
+   apiserver in as the ``kubernetes`` Service's endpoint.
+   ``node-agent`` — gpulab's simulated kubelet: runs pods' containers,
    reports their status, provisions local volumes, serves each node's
    resource metrics.
    ``metrics-server`` — the real one, behind the APIService
    ``v1beta1.metrics.k8s.io`` (``kubectl top``; :mod:`.metricsserver`).
-6. Once nodes are Ready, the NVIDIA GPU Operator is installed as its Helm
-   chart would (:mod:`gpulab.fakegpu.operator`); its pods run on the nodes.
+6. ``kube-proxy`` — Services, in nftables mode, inside the pod network
+   (:mod:`.kubeproxy`).
+7. Once nodes are Ready, cluster DNS (CoreDNS, :mod:`.clusterdns`) and the
+   NVIDIA GPU Operator are installed as their manifests and Helm chart would
+   (:mod:`gpulab.fakegpu.operator`); their pods run on the nodes.
+
+Without namespaces (``GPULAB_SANDBOX=process``) there is no pod network:
+neither ``pod-network`` nor ``kube-proxy`` nor CoreDNS runs.
 
 Everything listens on 127.0.0.1 only, on ports chosen free at first start
 and reused afterwards so kubeconfigs stay valid.

@@ -24,7 +24,7 @@ from . import clusterdns
 from ..kube.statedir import StateDir
 from ..runtime import sandbox
 from ..runtime.agent import NodeAgent
-from ..runtime.images import Entrypoint, ImageCatalog
+from ..runtime.images import HOST_PROGRAMS, Entrypoint, ImageCatalog
 from ..runtime.network import PodNetwork
 from ..runtime.resourcemetrics import SERVING_CERT, ResourceMetrics, ResourceMetricsServer
 
@@ -47,7 +47,8 @@ def main(argv: list[str] | None = None) -> int:
     network = PodNetwork(args.cluster_dir, args.cluster_dir / "nodes", args.cni_bin,
                          isolated=sandbox.kind() == "namespaces")
     # Images whose program runs for real; every other image without a command is simulated.
-    images = ImageCatalog([Entrypoint(clusterdns.IMAGE_REPOSITORY, ("/coredns",), args.coredns)])
+    images = ImageCatalog([Entrypoint(clusterdns.IMAGE_REPOSITORY, ("/coredns",), args.coredns),
+                           *HOST_PROGRAMS])
     agent = NodeAgent(args.cluster_dir, network, devices=gpus, images=images)
 
     def on_term(signum, frame):

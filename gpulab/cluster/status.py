@@ -9,7 +9,7 @@ from kubernetes.utils import parse_quantity
 
 from ..kube import api
 from ..kube.names import ALLOCATED_DEVICES_ANNOTATION
-from .embedded import COMPONENTS, EmbeddedCluster
+from .embedded import EmbeddedCluster, components
 
 GPU_PREFIX = "nvidia.com/"
 # Written on each pod by the node agent after admission (gpulab.fakegpu.node).
@@ -37,7 +37,7 @@ def collect(cluster: EmbeddedCluster) -> dict[str, Any]:
         "dir": str(cluster.root),
         "kubeconfig": str(cluster.kubeconfig),
         "components": {c: ({"state": "up", "pid": running[c]} if c in running else {"state": "down"})
-                       for c in COMPONENTS},
+                       for c in components()},
         "nodes": [],
     }
     if "kube-apiserver" not in running:

@@ -3,7 +3,7 @@
 No image is ever pulled. A container with ``command`` runs that command with
 the host's programs; a container without one runs its image's entrypoint when
 gpulab has the image's program — CoreDNS's, built from source with the control
-plane — and is simulated otherwise (:mod:`gpulab.runtime.containers`). The
+plane, or the host's ``python3`` for the ``python`` images — and is simulated otherwise (:mod:`gpulab.runtime.containers`). The
 composition root registers what it has (:class:`ImageCatalog`); the program is
 mounted read-only at the path the real image keeps it, so a pod that names
 ``/coredns`` in its ``command`` finds it too.
@@ -23,10 +23,11 @@ class Entrypoint:
 
     repository: str
     argv: tuple[str, ...]
-    binary: Path
+    # The program built for it, mounted at argv[0]; None: the host's own (a container sees the host's /usr).
+    binary: Path | None = None
 
     def mounts(self) -> list[Mount]:
-        return [Mount(str(self.binary), self.argv[0], read_only=True)]
+        return [Mount(str(self.binary), self.argv[0], read_only=True)] if self.binary else []
 
 
 def repository(image: str) -> str:
@@ -36,6 +37,12 @@ def repository(image: str) -> str:
     if ":" in last:
         name = name[: len(name) - len(last)] + last.split(":", 1)[0]
     return name
+
+
+#: Images whose program every machine gpulab runs on has: the host's python3 (apt.txt) is the official
+#: Python image's entrypoint (its CMD is ``python3``; a pod's ``args`` follow it, as a runtime appends them).
+HOST_PROGRAMS = tuple(Entrypoint(repo, ("python3",)) for repo in ("python", "library/python",
+                                                                   "docker.io/library/python"))
 
 
 class ImageCatalog:

@@ -404,6 +404,11 @@ class PodWorker(threading.Thread):
         image = c.spec.get("image", "")
         self._event("Pulled", f'Container image "{image}" already present on machine and can be accessed by the pod')
         self._event("Created", f"Created container: {c.name}")
+        if c.simulated:
+            # No process behind it: say so where a learner looks (kubectl describe pod).
+            self._event("Simulated", f'gpulab has no program for image "{image}": container {c.name} is simulated '
+                        "(Running, no process; probes follow gpulab.io/model-load-seconds). "
+                        "Give it a command to run one.")
         ctx = self._program_context(c, env) if c.factory is not None else None
         try:
             c.start(argv, env, mounts, grant.devices, self._limits(c), uid, gid,

@@ -6,9 +6,13 @@ sandboxes, chosen by ``GPULAB_SANDBOX``:
 
 ``namespaces`` (the default) — what a container runtime does:
 
-- ``unshare`` (util-linux): new network (no interfaces but a down loopback —
-  no network at all), mount, PID, UTS and IPC namespaces; when gpulab is not
-  root, a user namespace too (which maps only the learner's own account);
+- a pod's container joins its pod's network namespace (``nsenter``: the pod
+  network's, :mod:`gpulab.runtime.network`, and without root the user
+  namespace that owns it) and gets new mount, PID, UTS and IPC namespaces
+  (``unshare``, util-linux); any other sandbox (the grading jail) gets a new
+  network namespace too (no interfaces but a down loopback — no network at
+  all) and, when gpulab is not root, a user namespace of its own (which maps
+  only the learner's own account);
 - :mod:`gpulab.runtime.sandbox_init` inside them: the container's own root
   (system directories read-only, volumes and device-plugin mounts at their
   container paths), ``chroot``, the container's user, rlimits.
