@@ -236,3 +236,45 @@ def test_kubectl_port_forward_reaches_a_pod_and_a_service(kube, kubectl, ns, clu
             proc.terminate()
             said = proc.communicate(timeout=10)[0]
         assert body == "hello from web", f"{target}: kubectl port-forward said: {said}"
+
+
+def _two_servers_behind(kube, ns, service: dict) -> None:
+    create(kube, ns, {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "web"},
+                      "spec": {"replicas": 2, "selector": {"matchLabels": {"app": "web"}},
+                               "template": {"metadata": {"labels": {"app": "web"}},
+                                            "spec": server("x", 8080)["spec"]}}})
+    create(kube, ns, {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web"},
+                      "spec": {"selector": {"app": "web"}, "ports": [{"port": 80, "targetPort": 8080}], **service}})
+    wait_for(lambda: (d := kube.get("Deployment", "web", ns)) and d["status"].get("readyReplicas") == 2, 90,
+             what="2 replicas Ready")
+
+
+def _answers(url: str, count: int) -> list[str]:
+    code = ("import collections, time, urllib.request\n"
+            "seen = collections.Counter()\n"
+            f"while sum(seen.values()) < {count}:\n"
+            f"    try: seen[urllib.request.urlopen({url!r}, timeout=3).read().decode()] += 1\n"
+            "    except Exception: time.sleep(0.5)\n"
+            "print(len(seen), sum(seen.values()))\n")
+    return ["python3", "-c", code]
+
+
+def test_session_affinity_keeps_a_client_on_one_endpoint(kube, kubectl, ns):
+    _two_servers_behind(kube, ns, {"sessionAffinity": "ClientIP"})
+    create(kube, ns, pod("cli", _answers("http://web/", 20)))
+    wait_for(lambda: finished(kube, ns, "cli"), 90, what="client finished")
+    endpoints, answered = map(int, logs(kubectl, ns, "cli").split())
+    assert (endpoints, answered) == (1, 20)
+
+
+def test_a_nodeport_answers_on_the_nodes_addresses(kube, kubectl, ns):
+    _two_servers_behind(kube, ns, {"type": "NodePort"})
+    node_port = kube.get("Service", "web", ns)["spec"]["ports"][0]["nodePort"]
+    # A node's address on the pod network: its bridge's, the gateway of its podCIDR.
+    cidr = next(n for n in kube.list("Node") if n["metadata"]["name"] == "cpu-node-2")["spec"]["podCIDR"]
+    gateway = cidr.rsplit(".", 1)[0] + ".1"
+    create(kube, ns, pod("cli", _answers(f"http://{gateway}:{node_port}/", 10), node="cpu-node-1"))
+    done = wait_for(lambda: finished(kube, ns, "cli"), 90, what="client finished")
+    assert done["status"]["phase"] == "Succeeded"
+    endpoints, answered = map(int, logs(kubectl, ns, "cli").split())
+    assert answered == 10 and endpoints in (1, 2)
