@@ -30,8 +30,12 @@ class Entrypoint:
         return [Mount(str(self.binary), self.argv[0], read_only=True)] if self.binary else []
 
 
-def repository(image: str) -> str:
-    """``registry.k8s.io/coredns/coredns:v1.14.7`` → ``registry.k8s.io/coredns/coredns`` (tag and digest dropped)."""
+def image_repository(image: str) -> str:
+    """``registry.k8s.io/coredns/coredns:v1.14.7`` → ``registry.k8s.io/coredns/coredns`` (tag and digest dropped).
+
+    Both kinds of image gpulab runs are known by it: those with a real program (here) and the GPU
+    stack's built-in programs (:mod:`gpulab.runtime.programs`).
+    """
     name = image.split("@", 1)[0]
     last = name.rsplit("/", 1)[-1]
     if ":" in last:
@@ -50,4 +54,4 @@ class ImageCatalog:
         self.entries = {e.repository: e for e in entries or []}
 
     def lookup(self, image: str) -> Entrypoint | None:
-        return self.entries.get(repository(image))
+        return self.entries.get(image_repository(image))

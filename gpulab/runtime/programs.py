@@ -23,6 +23,8 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
+from .images import image_repository
+
 if TYPE_CHECKING:
     from .agent import NodeAgent
 
@@ -55,15 +57,6 @@ Factory = Callable[[ProgramContext], Program]
 
 _registry: dict[str, Factory] = {}
 _lock = threading.Lock()
-
-
-def image_repository(image: str) -> str:
-    """``nvcr.io/nvidia/k8s-device-plugin:v0.17.1`` -> ``nvcr.io/nvidia/k8s-device-plugin``."""
-    name = image.split("@", 1)[0]
-    last = name.rsplit("/", 1)[-1]
-    if ":" in last:
-        name = name[: len(name) - len(last)] + last.split(":", 1)[0]
-    return name
 
 
 def register(repository: str, factory: Factory) -> None:

@@ -69,4 +69,4 @@ def test_an_image_is_known_by_its_repository_whatever_its_tag_or_digest():
     assert catalog.lookup("registry.k8s.io/coredns/coredns:v1.14.7") is not None
     assert catalog.lookup("registry.k8s.io/coredns/coredns@sha256:abc") is not None
     assert catalog.lookup("localhost:5000/coredns") is None
-    assert images.repository("localhost:5000/x/y:1") == "localhost:5000/x/y"
+    assert images.image_repository("localhost:5000/x/y:1") == "localhost:5000/x/y"
