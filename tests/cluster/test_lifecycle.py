@@ -154,11 +154,16 @@ def test_a_killed_node_agent_keeps_pods_and_their_gpus(cluster, kube, ns, gpulab
     kube.create({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "prepared", "namespace": ns},
                  "spec": {"initContainers": [{"name": "prep", "image": "x", "command": ["true"]}],
                           "containers": [{"name": "c", "image": "x", "command": ["sleep", "4322"]}]}})
-    # Ends while no agent watches: its real exit code must still be reported.
+    # Ends while no agent watches: its real exit code must still be reported. It holds until the test
+    # opens its gate (a file on its node's host filesystem), so that it cannot end before it is seen Running.
+    gate = f"/gate-{ns}"
     kube.create({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "finisher", "namespace": ns},
-                 "spec": {"restartPolicy": "Never",
+                 "spec": {"restartPolicy": "Never", "nodeSelector": {"kubernetes.io/hostname": "cpu-node-1"},
+                          "volumes": [{"name": "gate", "hostPath": {"path": gate, "type": "DirectoryOrCreate"}}],
                           "containers": [{"name": "c", "image": "x",
-                                          "command": ["sh", "-c", "echo started; sleep 4; echo done; exit 7"]}]}})
+                                          "volumeMounts": [{"name": "gate", "mountPath": "/gate"}],
+                                          "command": ["sh", "-c", "echo started; while [ ! -e /gate/open ]; do "
+                                                      "sleep 0.2; done; echo done; exit 7"]}]}})
     # A simulated GPU container holding one of the node's two cards.
     kube.create({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "gpu", "namespace": ns},
                  "spec": {"nodeSelector": {"kubernetes.io/hostname": "gpu-node-1"},
@@ -176,7 +181,8 @@ def test_a_killed_node_agent_keeps_pods_and_their_gpus(cluster, kube, ns, gpulab
     wait_for(lambda: "node-agent" not in cluster.running(), 10, what="node agent gone")
     # Containers live on under their shims, as under a real container runtime.
     assert sp.run(["pgrep", "-f", "sleep 4321"], capture_output=True).returncode == 0
-    wait_for(lambda: sp.run(["pgrep", "-f", "sleep 4; echo done"], capture_output=True).returncode != 0, 15,
+    (cluster.root / "nodes" / "cpu-node-1" / "host" / gate.lstrip("/") / "open").write_text("")
+    wait_for(lambda: sp.run(["pgrep", "-f", "/gate/open"], capture_output=True).returncode != 0, 15,
              what="the finisher's process to end while the agent is down")
     assert gpulab("up", env_home=gpulab_home).returncode == 0
 
