@@ -154,7 +154,7 @@ def main() -> int:
     args = ap.parse_args()
     s = bench_sandboxes(args.sandboxes)
     direct, service, spread = bench_requests(args.requests)
-    print(f"\n| measure | value |\n|---|---|")
+    print("\n| measure | value |\n|---|---|")
     print(f"| pod sandbox + CNI ADD, per pod ({args.sandboxes} pods, ms) | {fmt(s['setup_ms'])} |")
     print(f"| CNI DEL + sandbox stop, per pod (ms) | {fmt(s['teardown_ms'])} |")
     print(f"| requests/s to a pod IP, a new connection each ({args.requests}) | {direct:.0f} |")
