@@ -15,7 +15,7 @@ from typing import Callable
 
 import yaml
 
-from .. import paths
+from .. import _poll, paths
 from ..kube import api
 
 NAMESPACE = "kube-system"
@@ -47,9 +47,10 @@ def wait(kubeconfig: Path, say: Callable[[str], None], timeout: float = 60.0) ->
     """Wait for CoreDNS to answer; a slow one is reported, not fatal (the cluster still runs)."""
     client = api.Client(kubeconfig)
     started = time.monotonic()
-    while time.monotonic() - started < timeout:
-        if ready(client):
-            say(f"cluster DNS ready in {time.monotonic() - started:.1f} s (kube-system/coredns)")
-            return
-        time.sleep(0.25)
-    say(f"cluster DNS not ready after {timeout:.0f} s; see `kubectl -n {NAMESPACE} describe pod -l k8s-app=kube-dns`")
+    try:
+        _poll.until(lambda: ready(client), timeout, lambda _: TimeoutError(), interval=0.25)
+    except TimeoutError:
+        say(f"cluster DNS not ready after {timeout:.0f} s; "
+            f"see `kubectl -n {NAMESPACE} describe pod -l k8s-app=kube-dns`")
+        return
+    say(f"cluster DNS ready in {time.monotonic() - started:.1f} s (kube-system/coredns)")

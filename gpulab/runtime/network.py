@@ -40,11 +40,10 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
-from .. import _proc
+from .. import _poll, _proc
 from .._fsutil import atomic_write_json, socket_home
 from ..kube.names import API_ADDRESS
 from . import netholder
@@ -174,19 +173,22 @@ class ClusterNetwork:
             proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
                                     start_new_session=True, close_fds=True,
                                     env=dict(os.environ, PATH=f"{os.environ.get('PATH', '')}:{TOOL_PATH}"))
-        deadline = time.monotonic() + START_TIMEOUT
-        while time.monotonic() < deadline:
+
+        def serving() -> bool:
             if proc.poll() is not None:
                 lines = (self.dir / "holder.log").read_text(errors="replace").strip().splitlines()
                 raise NetworkError("the pod network's namespace could not be made: "
                                    + (lines[-1] if lines else f"unshare exited {proc.returncode}"))
-            if (self.dir / netholder.READY_FILE).exists() and self.ping():
-                atomic_write_json(self.dir / HOLDER_FILE, {"pid": proc.pid, "start": _proc.started(proc.pid)})
-                return proc.pid
-            time.sleep(0.02)
-        proc.kill()
-        raise NetworkError(f"the pod network's holder did not start within {START_TIMEOUT:g} s "
-                           f"(log: {self.dir / 'holder.log'})")
+            return (self.dir / netholder.READY_FILE).exists() and self.ping()
+
+        def timed_out(_: object) -> NetworkError:
+            proc.kill()
+            return NetworkError(f"the pod network's holder did not start within {START_TIMEOUT:g} s "
+                                f"(log: {self.dir / 'holder.log'})")
+
+        _poll.until(serving, START_TIMEOUT, timed_out, interval=0.02)
+        atomic_write_json(self.dir / HOLDER_FILE, {"pid": proc.pid, "start": _proc.started(proc.pid)})
+        return proc.pid
 
     def stop_holder(self) -> bool:
         pid = self.holder()
@@ -528,20 +530,23 @@ class PodNetwork:
         with open(pod_dir / "sandbox.log", "ab") as err:
             proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
                                     start_new_session=True, close_fds=True)
-        deadline = time.monotonic() + START_TIMEOUT
-        # Its namespace is the new one once it is `sleep`: before that CNI would configure the holder's.
-        while time.monotonic() < deadline:
+
+        def holding() -> bool:
+            # Its namespace is the new one once it is `sleep`: before that CNI would configure the holder's.
             if proc.poll() is not None:
                 why = (pod_dir / "sandbox.log").read_text(errors="replace").strip().splitlines()
                 raise NetworkError(f"the pod's sandbox did not start: {why[-1] if why else proc.returncode}")
             try:
-                if Path(f"/proc/{proc.pid}/comm").read_text().strip() == "sleep":
-                    return proc.pid, _proc.started(proc.pid)
+                return Path(f"/proc/{proc.pid}/comm").read_text().strip() == "sleep"
             except OSError:
-                pass
-            time.sleep(0.005)
-        proc.kill()
-        raise NetworkError("the pod's sandbox did not start within 15 s")
+                return False
+
+        def timed_out(_: object) -> NetworkError:
+            proc.kill()
+            return NetworkError(f"the pod's sandbox did not start within {START_TIMEOUT:g} s")
+
+        _poll.until(holding, START_TIMEOUT, timed_out, interval=0.005)
+        return proc.pid, _proc.started(proc.pid)
 
     @staticmethod
     def _kill(pid: int, start: float | None) -> None:
