@@ -119,6 +119,15 @@ def broken_node(ctx: Context):
     return failed(f"{answer} 不是坏掉的那台：比较每台 GPU 节点的标签、capacity 和 allocatable，再看测试 Pod 在哪台上出的问题。")
 
 
+def pinned_node(pod: dict) -> str | None:
+    """The node the manifest pins the test pod to (its nodeSelector's hostname, as the lab asks).
+
+    Not ``spec.nodeName``: on a collected pod it is where the scheduler placed it, and an unpinned pod
+    can land on the broken node by chance (it did, once cluster DNS added a pod to the CPU nodes).
+    """
+    return dig(pod, "spec", "nodeSelector", "kubernetes.io/hostname") or None
+
+
 @check("test-pod", points=2, title="用测试 Pod 在可疑节点上跑 nvidia-smi")
 def test_pod(ctx: Context):
     pod = ctx.require("Pod", TEST_POD, ctx.namespace)
@@ -135,7 +144,7 @@ def test_pod(ctx: Context):
         score += 1
     else:
         problems.append("gpu-check 要在 limits 里申请正好 1 张 nvidia.com/gpu：不申请就分不到卡，容器里自然看不到卡")
-    target = dig(pod, "spec", "nodeName") or dig(pod, "spec", "nodeSelector", "kubernetes.io/hostname")
+    target = pinned_node(pod)
     if fault is not None and target == fault["node"]:
         score += 1
     else:
