@@ -188,11 +188,12 @@ class EmbeddedCluster(StateDir):
 
             # The stack's pods live on across a restart of the node agent (it adopts
             # them), so their Ready conditions from before it still hold.
-            if "kube-proxy" in wanted:
-                clusterdns.install(self.kubeconfig)
             gpu_operator.install(self.kubeconfig, say)
             monitoring.install(self.kubeconfig, self.pki, ports["custom-metrics"], say)
             if "kube-proxy" in wanted:
+                # After the GPU Operator: its pod is placed by the scheduler as on a cluster without DNS yet,
+                # so where the lessons show it does not depend on where CoreDNS landed.
+                clusterdns.install(self.kubeconfig)
                 clusterdns.wait(self.kubeconfig, say)
         except BaseException as e:
             # Leave nothing half-started behind: what this call started, it stops.
