@@ -320,9 +320,9 @@ class EmbeddedCluster(StateDir):
                 f"--cidr={POD_CIDR}",
             ], https_ok(f"https://127.0.0.1:{port}/healthz"),
                 # kwok resolves `kubectl exec` commands on its own PATH: first the links that run them in
-                # the container (runtime/streaming.py), then <root>/bin (shims such as nvidia-smi).
+                # the container (runtime/streaming.py), nvidia-smi among them.
                 env=dict(os.environ, KWOK_WORKDIR=str(self.root / "kwok-work"),
-                         PATH=f"{self.root / streaming.FARM}:{self.root / 'bin'}:{os.environ.get('PATH', '')}"))
+                         PATH=f"{self.root / streaming.FARM}:{os.environ.get('PATH', '')}"))
         if name == "node-agent":
             ready = self.root / "node-agent.ready"
             ready.unlink(missing_ok=True)

@@ -26,7 +26,6 @@ Pod annotations it reads and writes:
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from pathlib import Path
 from typing import Any, Callable
@@ -41,20 +40,6 @@ from .node import GpuNode
 
 log = logging.getLogger("gpulab.fakegpu")
 
-
-
-_EXEC_SHIM = """#!/bin/sh
-# `kubectl exec POD -- nvidia-smi`: run the nvidia-smi on the pod's own PATH
-# (its node's, where the container toolkit put it), or fail as a container
-# without one does.
-self=$(cd "$(dirname "$0")" && pwd)
-IFS=:
-for d in $PATH; do
-  if [ "$d" != "$self" ] && [ -x "$d/nvidia-smi" ]; then exec "$d/nvidia-smi" "$@"; fi
-done
-echo 'exec: "nvidia-smi": executable file not found in $PATH' >&2
-exit 127
-"""
 
 
 class Informer:
@@ -150,7 +135,6 @@ class GpuStack:
     # -- lifecycle --------------------------------------------------------------
 
     def start(self) -> None:
-        self._install_exec_shims()
         for node in self.gpu_nodes.values():
             node.start()
         for name, target in (("gpu-watch-nodes", self.nodes_informer.run),
@@ -159,18 +143,6 @@ class GpuStack:
                              ("gpu-load", self._apply_loads)):
             threading.Thread(target=target, args=(self.stop_event,), daemon=True, name=name).start()
         self.nodes_informer.synced.wait(10)
-
-    def _install_exec_shims(self) -> None:
-        # kwok runs `kubectl exec` commands on the host and resolves them on
-        # its own PATH, which starts with <cluster>/bin (see embedded.py).
-        bin_dir = self.cluster_dir / "bin"
-        bin_dir.mkdir(parents=True, exist_ok=True)
-        bin_dir.chmod(0o755)
-        shim = bin_dir / "nvidia-smi"
-        tmp = bin_dir / ".nvidia-smi.tmp"
-        tmp.write_text(_EXEC_SHIM)
-        tmp.chmod(0o755)
-        os.replace(tmp, shim)
 
     def stop(self) -> None:
         self.stop_event.set()
