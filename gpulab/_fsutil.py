@@ -312,3 +312,37 @@ def socket_home(path: Path, room: int, mode: int = 0o700) -> Path:
         path.rmdir()
     path.symlink_to(short, target_is_directory=True)
     return short
+
+
+def remove_tree(path: str | os.PathLike[str]) -> None:
+    """Delete ``path`` and everything below it, as its owner, whatever the modes inside say.
+
+    ``shutil.rmtree`` stops at a directory its owner may not list: the kernel makes an
+    overlay mount's work directory mode 000, and a process sandbox leaves its root
+    read-only. Root never notices; an ordinary account does. Such a directory is made
+    the owner's again (u+rwx) and emptied; what vanished meanwhile is not an error.
+    A missing ``path`` is fine. Anything else (a file of another user) is left and
+    ignored, as ``rmtree(..., ignore_errors=True)`` would.
+    """
+
+    def retry(func: Callable[..., Any], name: str, exc: BaseException) -> None:
+        if isinstance(exc, FileNotFoundError) or not isinstance(exc, PermissionError):
+            return
+        with contextlib.suppress(OSError):
+            parent = os.path.dirname(name)
+            if parent:
+                os.chmod(parent, 0o700)
+            if os.path.isdir(name) and not os.path.islink(name):
+                os.chmod(name, 0o700)
+                _rmtree(name)
+            else:
+                os.unlink(name)
+
+    def _rmtree(name: str) -> None:
+        if sys.version_info >= (3, 12):
+            shutil.rmtree(name, onexc=retry)
+        else:  # pragma: no cover - Python 3.11
+            shutil.rmtree(name, onerror=lambda func, p, info: retry(func, p, info[1]))
+
+    if os.path.lexists(path):
+        _rmtree(os.fspath(path))

@@ -41,7 +41,7 @@ import time
 from pathlib import Path
 
 from .. import paths
-from .._fsutil import hold_lock
+from .._fsutil import hold_lock, remove_tree
 from .base import ClusterError, Say
 from .base import say_to_stderr as _say
 from ..kube.names import API_ADDRESS, NODE_ANNOTATION, POD_CIDR, SERVICE_CIDR
@@ -386,7 +386,7 @@ class EmbeddedCluster(StateDir):
             from ..fakegpu.node import remove_socket_dirs
 
             remove_socket_dirs(self.root)
-            shutil.rmtree(self.root, ignore_errors=True)
+            remove_tree(self.root)
             return f"cluster stopped and deleted ({self.root})"
         if not stopped:
             return "no cluster processes were running"
@@ -401,7 +401,7 @@ class EmbeddedCluster(StateDir):
         topo = load_topology(topology_path if topology_path is not None else self.state().get("topology"))
         self._down(False, say)
         for sub in ("etcd", "nodes", "pods", "kwok-work"):
-            shutil.rmtree(self.root / sub, ignore_errors=True)
+            remove_tree(self.root / sub)
         state = self.state()
         state["topology"] = str(topo.source.resolve())
         self._save_state(state)

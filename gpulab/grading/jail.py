@@ -55,6 +55,7 @@ import yaml
 
 import gpulab
 from gpulab import _proc
+from gpulab._fsutil import remove_tree
 from gpulab.runtime import sandbox
 
 NOBODY = sandbox.NOBODY
@@ -128,7 +129,7 @@ def sweep_stale(tmp: str | os.PathLike[str] | None = None) -> list[Path]:
             continue
         if _proc.alive(int(m[1]), float(m[2])):
             continue
-        shutil.rmtree(entry, ignore_errors=True)
+        remove_tree(entry)
         if not entry.exists():
             removed.append(entry)
     return removed
@@ -267,7 +268,7 @@ class Jail:
         finally:
             if spec:
                 self.cleanup(spec)
-            shutil.rmtree(run_dir, ignore_errors=True)
+            remove_tree(run_dir)
         if proc is None or proc.returncode != 0:
             needs = ("grading needs root or unprivileged user namespaces "
                      "(sysctl kernel.unprivileged_userns_clone=1)")

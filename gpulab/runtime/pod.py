@@ -14,7 +14,6 @@ from __future__ import annotations
 import base64
 import logging
 import re
-import shutil
 import subprocess
 import threading
 import time
@@ -23,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from kubernetes.utils import parse_quantity
 
+from .._fsutil import remove_tree
 from ..kube import api
 from ..kube import events
 from ..kube.names import KUBERNETES_SERVICE_IP
@@ -524,7 +524,7 @@ class PodWorker(threading.Thread):
             proc.communicate()
             raise
         finally:
-            shutil.rmtree(run, ignore_errors=True)
+            remove_tree(run)
         return proc.returncode, out.decode(errors="replace")
 
     def _join_pid(self) -> int | None:
@@ -552,7 +552,7 @@ class PodWorker(threading.Thread):
         self.agent.devices.release(self.pod)
         self.agent.network.teardown(self.pod, self.node, self.dir)
         self.agent.logs.unregister(self)
-        shutil.rmtree(self.dir / "run", ignore_errors=True)
+        remove_tree(self.dir / "run")
 
     # -- building a container's process ----------------------------------------
 

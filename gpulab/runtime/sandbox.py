@@ -60,6 +60,7 @@ import threading
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
+from .._fsutil import remove_tree
 from .sandbox_init import DEV_NODES, SYSTEM_DIRS, pump
 
 NOBODY = 65534
@@ -281,11 +282,8 @@ def _bare_root(spec: SandboxSpec) -> None:
 
 def discard(spec: Mapping) -> None:
     """Remove the scratch directory :func:`prepare` made ready (for a sandbox that has ended)."""
-    if os.geteuid() != 0:
-        # The process sandbox's read-only root: writable again, for its owner to empty it.
-        for dirpath, _, _ in os.walk(spec["rootfs"]):
-            os.chmod(dirpath, 0o755)
-    shutil.rmtree(spec["scratch"], ignore_errors=True)
+    # The process sandbox's read-only root and an overlay's mode-000 work directory: its owner empties them.
+    remove_tree(spec["scratch"])
 
 
 def _read(path: str) -> str | None:

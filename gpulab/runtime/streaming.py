@@ -41,7 +41,7 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .._fsutil import socket_home
+from .._fsutil import remove_tree, socket_home
 from . import execclient, sandbox
 
 if TYPE_CHECKING:
@@ -135,7 +135,7 @@ class ExecServer:
                     break
             return proc.wait()
         finally:
-            shutil.rmtree(run, ignore_errors=True)
+            remove_tree(run)
 
 
 def write_farm(cluster_dir: Path) -> Path:

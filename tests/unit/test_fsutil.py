@@ -7,9 +7,12 @@ import json
 import os
 import re
 import subprocess
+import shutil
 import sys
+import tempfile
+from pathlib import Path
 
-from gpulab._fsutil import atomic_write_text, file_identity, hold_lock, lock_holder, locked
+from gpulab._fsutil import atomic_write_text, file_identity, hold_lock, lock_holder, locked, remove_tree
 
 
 def test_atomic_write_sets_the_mode_asked_for(tmp_path):
@@ -116,3 +119,43 @@ def test_an_uncontended_lock_says_nothing(tmp_path):
     with hold_lock(tmp_path / "build.lock", what="the build lock", purpose="p", say=heard.append, interval=0.0):
         pass
     assert heard == []
+
+
+def test_remove_tree_empties_directories_its_owner_may_not_list():
+    # What a sandbox leaves: an overlay's work directory (mode 000, made by the kernel) and a
+    # read-only root. Root could always remove them; the owner, an ordinary account, must too.
+    base = Path(tempfile.mkdtemp(prefix="remove-tree-"))  # in /tmp: reachable by the owner below
+    try:
+        _remove_as_owner(base)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def _remove_as_owner(tmp_path: Path) -> None:
+    top = tmp_path / "pod"
+    (top / "layers" / "etc" / "work" / "work").mkdir(parents=True)
+    (top / "rootfs" / "usr").mkdir(parents=True)
+    (top / "rootfs" / "usr" / "file").write_text("x")
+    owner = os.getuid() if os.getuid() != 0 else 65534
+    for dirpath, dirs, files in os.walk(tmp_path):
+        for name in dirs + files:
+            os.chown(os.path.join(dirpath, name), owner, owner)
+    os.chown(tmp_path, owner, owner)
+    os.chmod(top / "layers" / "etc" / "work" / "work", 0)
+    os.chmod(top / "rootfs" / "usr", 0o555)
+    os.chmod(top / "rootfs", 0o555)
+    pid = os.fork()
+    if pid == 0:  # as the owner (root drops to it): what a learner's `gpulab down --purge` meets
+        code = 1
+        try:
+            if os.getuid() == 0:
+                os.setgid(owner)
+                os.setuid(owner)
+            remove_tree(top)
+            remove_tree(top)  # gone already: not an error
+            code = 0 if not top.exists() else 2
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert not top.exists()
