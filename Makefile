@@ -65,6 +65,9 @@ $(STAMP): pyproject.toml constraints.txt
 	@# nft (Debian's nftables): kube-proxy programs Services with it in the pod network (off a learner's PATH, in /usr/sbin).
 	@PATH="$$PATH:/usr/sbin:/sbin" command -v nft >/dev/null || { \
 	  $(call APT_GET,nftables,nft,for kube-proxy's Services,Services will not work: gpulab up stops and says so); }
+	@# nginx and busybox (Debian's nginx-light and busybox): the programs of the nginx and busybox images.
+	@{ PATH="$$PATH:/usr/sbin:/sbin" command -v nginx && command -v busybox; } >/dev/null || { \
+	  $(call APT_GET,nginx-light busybox,nginx or busybox,for the nginx and busybox images,pods of those images will not start and their events say so); }
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e .
@@ -133,7 +136,7 @@ test-notebooks: install-test build
 # What .ci/as-learner runs as an ordinary account (learners are not root): the GPU stack's cluster
 # tests, notebooks 01-04 and lab 02's grading; then workloads and notebooks 01, 05 in the process sandbox.
 LEARNER_TESTS := tests/cluster/test_pod_network.py tests/cluster/test_gpu_operator.py tests/cluster/test_gpu_sharing.py tests/cluster/test_gpu_mig.py \
-	tests/cluster/test_gpu_faults.py tests/cluster/test_lab_02.py tests/notebooks/test_notebooks.py
+	tests/cluster/test_gpu_faults.py tests/cluster/test_lab_02.py tests/cluster/test_images.py tests/notebooks/test_notebooks.py
 test-learner: install-test build
 	$(BIN)/python -m pytest $(LEARNER_TESTS) -k "not test_notebook_runs or 01- or 02- or 03- or 04-" $(PYTEST_ARGS)
 

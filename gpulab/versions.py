@@ -12,6 +12,9 @@ METRICS_SERVER = "v0.8.0"
 # and the cluster DNS, CoreDNS built with a chosen plugin set (gobuild/coredns/main.go).
 CNI_PLUGINS = "v1.9.1"
 COREDNS = "v1.14.7"
+# agnhost, the program of Kubernetes' e2e test image registry.k8s.io/e2e-test-images/agnhost: built from
+# the k8s.io/kubernetes module above (test/images/agnhost, whose VERSION file says 2.66.1 at v1.37.2).
+AGNHOST = "v2.66.1"
 # The kind backend (`gpulab up --backend kind`): kind itself, and its default node
 # image, whose kubelet is v1.37.0 (the embedded control plane runs v1.37.2).
 KIND = "v0.33.0"
@@ -28,6 +31,7 @@ TABLE = [
     ("CoreDNS", COREDNS, "built with `go build` from the Go module proxy, with a chosen plugin set"),
     ("CNI plugins (bridge, host-local, loopback, portmap)", CNI_PLUGINS,
      "built with `go build` from the Go module proxy"),
+    ("agnhost (Kubernetes' test image)", AGNHOST, f"built with `go build` from k8s.io/kubernetes {KUBERNETES}"),
     ("Python kubernetes client", "37.x", "PyPI"),
     ("Kubelet device-plugin API", "v1beta1", "gRPC over a unix socket"),
     ("kind (backend `kind` only)", KIND, "built with `go build` from the Go module proxy"),

@@ -54,13 +54,15 @@ class Build:
     # (package path, output path within bin_dir: "kube-proxy", "cni/bridge")
     programs: tuple[tuple[str, str], ...]
     ldflags: str = ""
+    # The wrapper module in gobuild/ when not the build's own name (agnhost's is kubernetes's).
+    module: str = ""
 
     @property
     def bin_dir(self) -> Path:
         return paths.cache() / "bin" / f"{self.name}-{self.version}"
 
     def module_dir(self) -> Path:
-        return GOBUILD / self.name
+        return GOBUILD / (self.module or self.name)
 
 
 # The CNI plugins live in this subdirectory of a bin dir (built or GPULAB_BIN_DIR): the CNI_PATH.
@@ -128,11 +130,20 @@ BUILDS = (
     # is a constant of coremain (`coredns -version` prints "CoreDNS-1.14.7"); GitCommit is not
     # stamped: the module proxy does not tell the tag's commit.
     Build("coredns", versions.COREDNS, (("gpulab.local/gobuild/coredns", "coredns"),), "-s -w"),
+    # agnhost, the program of Kubernetes' e2e test image, from the same k8s.io/kubernetes module (a tool
+    # of its wrapper module), stamped with its own version as its Makefile does (`agnhost --version`).
+    Build(
+        "agnhost",
+        versions.AGNHOST,
+        (("k8s.io/kubernetes/test/images/agnhost", "agnhost"),),
+        f"-s -w -X main.Version={versions.AGNHOST.lstrip('v')}",
+        module="kubernetes",
+    ),
 )
 
 REQUIRED = (
     "etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok", "metrics-server",
-    "kube-proxy", "coredns", *(f"{CNI_DIR}/{p}" for p in CNI_PLUGINS),
+    "kube-proxy", "coredns", *(f"{CNI_DIR}/{p}" for p in CNI_PLUGINS), "agnhost",
 )
 # KWOK's CRDs for per-pod logs, exec and port-forward targets; copied out of the kwok module
 # at build time because the kwok controller does not install them itself.
@@ -204,6 +215,8 @@ VERSION_RULES = {
     "kube-proxy": VersionRule(("--version",), "Kubernetes", versions.KUBERNETES),
     # "CoreDNS-1.14.7", then "linux/amd64, go1.26.8, " (OS/Arch, Go version, commit).
     "coredns": VersionRule(("-version",), "CoreDNS-", versions.COREDNS, prints_v=False, glued=True),
+    # "app version 2.66.1" (cobra's version line; the root command is called "app").
+    "agnhost": VersionRule(("--version",), "app version", versions.AGNHOST, prints_v=False),
     # Run with no arguments and CNI_COMMAND empty, a plugin prints "CNI bridge plugin v1.9.1"
     # and "CNI protocol versions supported: 0.1.0, ..." (on stderr) and exits 0.
     **{f"{CNI_DIR}/{p}": VersionRule((), f"CNI {p} plugin", versions.CNI_PLUGINS, env=(("CNI_COMMAND", ""),))
@@ -245,8 +258,8 @@ def _go() -> str:
     if not go:
         raise BinaryError(
             "Go toolchain not found on PATH. gpulab builds kube-apiserver, "
-            "kube-controller-manager, kube-scheduler, kube-proxy, etcd, kwok, metrics-server, coredns "
-            "and the CNI plugins " + ", ".join(CNI_PLUGINS) + " from the Go module "
+            "kube-controller-manager, kube-scheduler, kube-proxy, etcd, kwok, metrics-server, coredns, "
+            "agnhost and the CNI plugins " + ", ".join(CNI_PLUGINS) + " from the Go module "
             f"proxy and needs Go >= {'.'.join(map(str, versions.GO_MIN))}. Install Go, "
             "or set GPULAB_BIN_DIR to a directory holding ready binaries named "
             + ", ".join(REQUIRED)

@@ -328,7 +328,7 @@ class EmbeddedCluster(StateDir):
             ready.unlink(missing_ok=True)
             return Component(name, [
                 sys.executable, "-m", "gpulab.cluster.nodeagent", f"--cluster-dir={self.root}",
-                f"--cni-bin={bins.cni_bin_dir}", f"--coredns={bins['coredns']}",
+                f"--cni-bin={bins.cni_bin_dir}", f"--coredns={bins['coredns']}", f"--agnhost={bins['agnhost']}",
             ], ready.exists, env=dict(os.environ, PYTHONUNBUFFERED="1"))
         if name == "pod-network":
             (network.ClusterNetwork(self.root).dir / "pod-network.ready").unlink(missing_ok=True)

@@ -15,16 +15,19 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 from pathlib import Path
 
+from ..fakegpu import llmserver
 from ..fakegpu.stack import GpuStack
 from . import clusterdns
 from ..kube.statedir import StateDir
 from ..runtime import sandbox
 from ..runtime.agent import NodeAgent
-from ..runtime.images import HOST_PROGRAMS, Entrypoint, ImageCatalog
+from ..runtime.images import (HOST_PROGRAMS, Entrypoint, ImageCatalog, agnhost_images, busybox_images,
+                              nginx_images)
 from ..runtime.network import PodNetwork
 from ..runtime.resourcemetrics import SERVING_CERT, ResourceMetrics, ResourceMetricsServer
 
@@ -38,6 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cluster-dir", type=Path, required=True)
     parser.add_argument("--cni-bin", type=Path, required=True, help="the CNI plugins (CNI_PATH)")
     parser.add_argument("--coredns", type=Path, required=True, help="CoreDNS, the program of its image")
+    parser.add_argument("--agnhost", type=Path, required=True, help="agnhost, the program of Kubernetes' test image")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         stream=sys.stderr)
@@ -48,7 +52,15 @@ def main(argv: list[str] | None = None) -> int:
                          isolated=sandbox.kind() == "namespaces")
     # Images whose program runs for real; every other image without a command is simulated.
     images = ImageCatalog([Entrypoint(clusterdns.IMAGE_REPOSITORY, ("/coredns",), args.coredns),
-                           *HOST_PROGRAMS])
+                           # The inference server: a stdlib script, run by the host's python3 (serve ... by default).
+                           Entrypoint(llmserver.IMAGE_REPOSITORY, ("python3", llmserver.CONTAINER_PATH),
+                                      Path(llmserver.__file__), mount_at=llmserver.CONTAINER_PATH),
+                           *HOST_PROGRAMS,
+                           # agnhost (built with the control plane), and the host's busybox and nginx (Debian's);
+                           # nginx only with a pod network (without one every nginx pod would want the host's port 80).
+                           *agnhost_images(args.agnhost), *busybox_images(),
+                           *(nginx_images(args.cluster_dir / "images" / "nginx", root_in_userns=os.geteuid() != 0)
+                             if sandbox.kind() == "namespaces" else [])])
     agent = NodeAgent(args.cluster_dir, network, devices=gpus, images=images)
 
     def on_term(signum, frame):

@@ -14,7 +14,12 @@ topology and holds what on a real machine is hardware, kernel and kubelet:
   (``gpu/nvidia-smi.json``, what ``gpulab nvidia-smi NODE`` prints) and for
   each container holding GPUs (the state file its Allocate response named),
   with the memory, load and processes of the CUDA programs in the
-  :class:`~gpulab.fakegpu.ledger.Ledger`.
+  :class:`~gpulab.fakegpu.ledger.Ledger`;
+- each GPU container's way back: a writable directory of its own,
+  ``gpu/activity/<pod UID>_<container>/``, where a program that computes for
+  real (the inference server, :mod:`gpulab.fakegpu.llmserver`) keeps the file
+  ``GPULAB_GPU_ACTIVITY`` names: the percent of its GPU it keeps busy, read
+  into the ledger as a measured utilization (:meth:`GpuNode.apply_load`).
 
 Its host files sit where a real node has them, under ``nodes/<node>/host/``:
 ``usr/bin/nvidia-smi`` (the fake, stdlib-only nvidia-smi, mounted into GPU
@@ -31,6 +36,7 @@ import os
 import re
 import shutil
 import threading
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -42,7 +48,7 @@ from ..runtime.sandbox import Mount
 from . import faults as faultmod
 from . import ledger as ledgermod
 from ..hardware import models
-from . import cudaerrors, nvidiasmi, smistate
+from . import cudaerrors, llmserver, nvidiasmi, smistate
 from .devicemap import AdvertisedDevice, NodeResources, strip_replica
 from .deviceplugin.kubelet import AllocationError, DeviceManager
 from .deviceplugin.plugin import NVIDIA_SMI_CONTAINER_PATH, NVIDIA_SMI_STATE_ENV, VISIBLE_DEVICES_ENV
@@ -57,6 +63,8 @@ log = logging.getLogger("gpulab.fakegpu")
 
 #: Pod annotation the node agent writes after admission: {container: {resource: [device IDs]}}.
 DEVICE_PLUGIN_DIR = "var/lib/kubelet/device-plugins"
+#: A program's report of its own GPU activity older than this is not believed (the program is gone or hung).
+ACTIVITY_STALE_SECONDS = 10.0
 _CUDA_IMAGE_TAG = re.compile(r"^(\d+)\.(\d+)")
 
 
@@ -440,6 +448,14 @@ class GpuNode:
                 devices.setdefault(d.container_path, Mount(d.host_path, d.container_path, False))
         visible = list(dict.fromkeys(visible))
         env[VISIBLE_DEVICES_ENV] = ",".join(visible)
+        # The program's channel back: a directory of its own, writable, where it reports how busy it keeps
+        # its GPU (apply_load reads it; the program replaces the file, so the directory is what is mounted).
+        activity = self._activity_dir(uid, container["name"])
+        activity.mkdir(parents=True, exist_ok=True)
+        activity.parent.chmod(0o755)
+        activity.chmod(0o777)  # as an emptyDir: the container's user writes here
+        env[llmserver.ACTIVITY_ENV] = str(activity / "busy")
+        mounts.setdefault(str(activity), Mount(str(activity), str(activity), False))
         state_file = env.get(NVIDIA_SMI_STATE_ENV)
         if state_file:
             key = (uid, container["name"])
@@ -450,6 +466,20 @@ class GpuNode:
             if fresh:
                 self.refresh()
         return DeviceGrant(env=env, mounts=list(mounts.values()), devices=list(devices.values()))
+
+    def _activity_dir(self, uid: str, container: str) -> Path:
+        return self.gpu_dir / "activity" / f"{uid}_{container}"
+
+    def reported_utilization(self, owner: tuple[str, str]) -> int | None:
+        """The percent a container's program says it keeps its GPU busy (``GPULAB_GPU_ACTIVITY``); None: no
+        fresh report. The format is :mod:`gpulab.fakegpu.llmserver`'s: one integer, replaced every second."""
+        path = self._activity_dir(*owner) / "busy"
+        try:
+            if time.time() - path.stat().st_mtime > ACTIVITY_STALE_SECONDS:
+                return None
+            return max(0, min(100, int(path.read_text().strip())))
+        except (OSError, ValueError):
+            return None
 
     def _gpu_index(self, uuid: str) -> int | None:
         for i in range(self.count):
@@ -553,6 +583,8 @@ class GpuNode:
             for key in [k for k in self._state_files if k[0] == uid]:
                 path, _ = self._state_files.pop(key)
                 path.unlink(missing_ok=True)
+            for activity in (self.gpu_dir / "activity").glob(f"{uid}_*"):
+                shutil.rmtree(activity, ignore_errors=True)
         self.refresh()
 
     def has_programs(self) -> bool:
@@ -563,8 +595,10 @@ class GpuNode:
         """Set each GPU container's utilisation from its workload's load; True if any changed.
 
         ``pods`` are this node's pods as the API has them now (by UID). A
-        container's own ``gpulab.io/gpu-utilization`` annotation wins; a pod
-        that is not Ready gets no traffic, so it computes nothing.
+        container's own ``gpulab.io/gpu-utilization`` annotation wins; then what
+        its program reports it computes (:meth:`reported_utilization`, a
+        measurement: Ready or not); otherwise a pod that is not Ready gets no
+        traffic, so it computes nothing.
         """
         with self.lock:
             owners = list(self._running)
@@ -573,6 +607,10 @@ class GpuNode:
         for owner in owners:
             pod = pods.get(owner[0])
             if pod is None or ledgermod.declares_utilization(pod, owner[1]):
+                continue
+            reported = self.reported_utilization(owner)
+            if reported is not None:
+                wanted[owner] = reported
                 continue
             share = model.utilization(pod) if _is_ready(pod) else None
             wanted[owner] = int(round(share or 0))

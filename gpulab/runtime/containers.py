@@ -9,7 +9,8 @@ Two kinds, decided by the container spec alone:
   :mod:`gpulab.runtime.programs` (the GPU stack's images); its program runs
   in the node agent for this container's node.
 - **image entrypoint**: no ``command``, and an image whose program gpulab has
-  (:mod:`gpulab.runtime.images`: CoreDNS): its entrypoint runs as a process.
+  (:mod:`gpulab.runtime.images`: CoreDNS, agnhost, nginx, busybox, python): its entrypoint runs as a
+  process; where the host lacks that program the container waits, and an event says what to install.
 - **simulated**: no ``command``/``args`` and any other image (its entrypoint
   would run, and there are no images here): the container is Running until
   stopped.

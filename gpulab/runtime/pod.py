@@ -203,7 +203,8 @@ class PodWorker(threading.Thread):
             grace = pod["metadata"].get("deletionGracePeriodSeconds")
             if grace is None:
                 grace = pod["spec"].get("terminationGracePeriodSeconds", 30)
-            self._kill_all(grace=float(grace), reason=None, event=True)
+            # The preStop hooks run first and spend the grace period; SIGTERM gets what is left.
+            self._kill_all(grace=self._pre_stop(float(grace)), reason=None, event=True)
             # As the kubelet does, a deleted pod reaches a terminal phase before it is let go:
             # Succeeded if every container exited 0, else Failed. The Job controller reads it,
             # with the DisruptionTarget condition of an evicted or preempted pod, for a podFailurePolicy.
@@ -379,9 +380,19 @@ class PodWorker(threading.Thread):
     # -- containers -----------------------------------------------------------
 
     def _start(self, c: Container) -> None:
+        missing = c.entrypoint.missing() if c.entrypoint is not None and not c.spec.get("command") else None
+        if missing:
+            # The image's program is not on this machine: say what to install (never simulate it instead).
+            c.waiting_reason = "CreateContainerError"
+            c.waiting_message = f'image "{c.spec.get("image", "")}" cannot run: {missing}'
+            self._event("Failed", f"Error: {c.waiting_message}", "Warning", every=30)
+            c.next_start = time.time() + 10
+            return
+        # The image's own files (its program at its path, its config), under the pod's volumes as in a real image.
+        image_mounts = c.entrypoint.mounts() if c.entrypoint is not None else []
         try:
             env = self._env(c)
-            mounts = self.etc_mounts + self._mounts(c)
+            mounts = self.etc_mounts + image_mounts + self._mounts(c)
             grant = self.agent.devices.prepare(self.pod, c.spec)
         except (ConfigError, VolumeError) as e:
             c.waiting_reason, c.waiting_message = "CreateContainerConfigError", str(e)
@@ -391,11 +402,11 @@ class PodWorker(threading.Thread):
         env.update(grant.env)
         mounts.extend(grant.mounts)
         command = c.spec.get("command") or []
+        args = c.spec.get("args") or []
         if c.entrypoint is not None:
-            # The image's program at its path; its ENTRYPOINT unless the pod gives a command (as a runtime does).
-            mounts.extend(c.entrypoint.mounts())
-            command = command or list(c.entrypoint.argv)
-        argv = [expand(a, env) for a in command + (c.spec.get("args") or [])]
+            # Its ENTRYPOINT and CMD unless the pod gives a command or args (as a runtime decides).
+            command, args = c.entrypoint.command(command, args), []
+        argv = [expand(a, env) for a in command + args]
         sc = {**(self.pod["spec"].get("securityContext") or {}), **(c.spec.get("securityContext") or {})}
         uid = sc.get("runAsUser")
         uid = sandbox.NOBODY if not uid else int(uid)
@@ -493,7 +504,7 @@ class PodWorker(threading.Thread):
                 grace = c.spec.get(kind, {}).get("terminationGracePeriodSeconds")
                 if grace is None:
                     grace = self.pod["spec"].get("terminationGracePeriodSeconds", 30)
-                c.stop(grace=min(float(grace), 5.0))
+                c.stop(grace=self._pre_stop(min(float(grace), 5.0), [c]))
                 return
 
     def exec_spec(self, c: Container, argv: list[str], run: Path) -> sandbox.SandboxSpec:
@@ -504,9 +515,8 @@ class PodWorker(threading.Thread):
         env = self._env(c)
         grant = self.agent.devices.prepare(self.pod, c.spec)
         env.update(grant.env)
-        mounts = self.etc_mounts + self._mounts(c) + grant.mounts
-        if c.entrypoint is not None:
-            mounts += c.entrypoint.mounts()
+        image_mounts = c.entrypoint.mounts() if c.entrypoint is not None else []
+        mounts = self.etc_mounts + image_mounts + self._mounts(c) + grant.mounts
         sc = {**(self.pod["spec"].get("securityContext") or {}), **(c.spec.get("securityContext") or {})}
         uid = int(sc["runAsUser"]) if sc.get("runAsUser") else sandbox.NOBODY
         gid = int(sc["runAsGroup"]) if sc.get("runAsGroup") is not None else uid
@@ -530,6 +540,51 @@ class PodWorker(threading.Thread):
     def _join_pid(self) -> int | None:
         """The process whose network namespace the pod's containers share (its sandbox), if it has one."""
         return self.net.sandbox_pid if self.net is not None else None
+
+    def _pre_stop(self, grace: float, containers: list[Container] | None = None) -> float:
+        """Run the running containers' ``lifecycle.preStop`` hooks, together, as the kubelet does before
+        it sends SIGTERM; returns what is left of ``grace`` for the containers to stop in.
+
+        A hook may take the whole grace period (then SIGTERM and, at once, SIGKILL follow). A failed hook
+        is an event (``FailedPreStopHook``, the kubelet's text) and the container is stopped all the same.
+        """
+        began = time.monotonic()
+        hooks = [(c, (c.spec.get("lifecycle") or {}).get("preStop"))
+                 for c in (containers if containers is not None else self.main) if c.state == "running"]
+        workers = [threading.Thread(target=self._run_hook, args=(c, hook, grace), daemon=True,
+                                    name=f"prestop-{c.name}") for c, hook in hooks if hook]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join(max(0.0, grace - (time.monotonic() - began)))
+        return max(0.0, grace - (time.monotonic() - began))
+
+    def _run_hook(self, c: Container, hook: dict[str, Any], budget: float) -> None:
+        pod = f"{self.key[1]}_{self.key[0]}({self.key[2]})"  # the kubelet's format.Pod
+        if "sleep" in hook:
+            time.sleep(min(max(0.0, float((hook["sleep"] or {}).get("seconds") or 0)), budget))
+            return
+        if "exec" in hook:
+            # The hook's time limit is the grace period: a hook has no timeoutSeconds of its own.
+            cmd = [str(a) for a in (hook["exec"] or {}).get("command") or []]
+            try:
+                rc, out = self._exec(c, cmd, max(budget, 0.1))
+                error = f"command '{' '.join(cmd)}' exited with {rc}: " if rc else ""
+            except subprocess.TimeoutExpired:
+                error, out = f"command '{' '.join(cmd)}' timed out", ""
+            if error:
+                self._event("FailedPreStopHook", f'Exec lifecycle hook ([{" ".join(cmd)}]) for Container "{c.name}" '
+                            f'in Pod "{pod}" failed - error: {error}, message: "{out.strip()}"', "Warning")
+            return
+        if "httpGet" in hook and not c.simulated:
+            spec = dict(hook, timeoutSeconds=max(1, int(budget)))
+            result = probes.run_handler(spec, 0.0, 0.0, lambda cmd, t: (0, ""), simulated=False,
+                                        pod_ip=self.pod_ip, dial=self.agent.network.dial,
+                                        container_ports=c.spec.get("ports") or [])
+            if not result.ok:
+                path = (hook["httpGet"] or {}).get("path") or "/"
+                self._event("FailedPreStopHook", f'HTTP lifecycle hook ({path}) for Container "{c.name}" in Pod '
+                            f'"{pod}" failed - error: {result.output}', "Warning")
 
     def _kill_all(self, grace: float, reason: tuple[str, str] | None = None, event: bool = False,
                   why: str = "") -> None:

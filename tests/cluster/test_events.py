@@ -113,6 +113,47 @@ def test_a_crash_looping_container_counts_its_restarts(kube, ns):
     kube.delete("Pod", "crashy", ns, grace_seconds=0)
 
 
+# The kubelet's preStop hooks: run before SIGTERM, out of the grace period
+
+_STOPS_ON_SIGTERM = ["python3", "-c", "import signal, sys, time\n"
+                     "signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))\n"
+                     "while True: time.sleep(1)"]
+
+
+def _hooked_pod(name: str, hook: dict[str, Any]) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+            "spec": {"terminationGracePeriodSeconds": 20,
+                     "containers": [{"name": "main", "image": "python:3.11", "command": _STOPS_ON_SIGTERM,
+                                     "lifecycle": {"preStop": hook}}]}}
+
+
+def _delete_and_time(kube, ns: str, name: str) -> float:
+    wait_for(lambda: (kube.get("Pod", name, ns) or {}).get("status", {}).get("phase") == "Running", 60,
+             what=f"pod {name} Running")
+    began = time.monotonic()
+    kube.delete("Pod", name, ns)
+    wait_for(lambda: kube.get("Pod", name, ns) is None, 60, what=f"pod {name} gone")
+    return time.monotonic() - began
+
+
+def test_a_pre_stop_sleep_holds_sigterm_back_within_the_grace_period(kube, ns):
+    kube.create(dict(_hooked_pod("drained", {"sleep": {"seconds": 3}}), metadata={"name": "drained", "namespace": ns}))
+    took = _delete_and_time(kube, ns, "drained")
+    # The container stops at SIGTERM at once: what took time is the hook, well inside the 20 s of grace.
+    assert 3 <= took < 15, took
+
+
+def test_a_failing_exec_pre_stop_hook_is_an_event_and_the_container_still_stops(kube, ns):
+    hook = {"exec": {"command": ["sh", "-c", "echo draining; exit 3"]}}
+    kube.create(dict(_hooked_pod("badhook", hook), metadata={"name": "badhook", "namespace": ns}))
+    assert _delete_and_time(kube, ns, "badhook") < 15
+    failed = wait_for(lambda: pod_events(kube, ns, "badhook", "FailedPreStopHook"), 30, what="a FailedPreStopHook event")
+    message = failed[0]["message"]
+    assert message.startswith("Exec lifecycle hook ([sh -c echo draining; exit 3]) for Container \"main\" in Pod \"badhook_")
+    assert "exited with 3" in message and 'message: "draining"' in message, message
+    assert failed[0]["type"] == "Warning" and failed[0]["source"]["component"] == "kubelet"
+
+
 # --------------------------------------------------------------------------
 # A component's events: the MIG manager answering a broken nvidia.com/mig.config again and again
 

@@ -22,7 +22,8 @@ pytestmark = pytest.mark.cluster
 
 
 def pod(name: str, ns: str, command: list[str] | None = None, annotations: dict[str, str] | None = None) -> dict:
-    container = {"name": "main", "image": "busybox:1.36"}
+    # Without a command, an image gpulab has no program for (busybox's would run its shell and exit): simulated.
+    container = {"name": "main", "image": "busybox:1.36" if command else "registry.example.com/app:1.0"}
     if command:
         container["command"] = command
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": ns, "annotations": annotations or {}},

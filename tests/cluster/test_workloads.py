@@ -180,7 +180,8 @@ def test_deployment_becomes_available_with_simulated_containers(kube, ns):
     create(kube, ns, {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "web"},
                       "spec": {"replicas": 2, "selector": {"matchLabels": {"app": "web"}},
                                "template": {"metadata": {"labels": {"app": "web"}},
-                                            "spec": {"containers": [{"name": "nginx", "image": "nginx"}]}}}})
+                                            "spec": {"containers": [{"name": "web",
+                                                                     "image": "registry.example.com/web:1.0"}]}}}})
     dep = wait_for(lambda: (d := kube.get("Deployment", "web", ns)) and d.get("status", {}).get("availableReplicas") == 2
                    and d, 60, what="Deployment Available")
     assert dep["status"]["readyReplicas"] == 2

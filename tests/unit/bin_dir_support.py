@@ -20,6 +20,8 @@ OUTPUT = {
     "kube-proxy": f"Kubernetes {versions.KUBERNETES}",
     # `coredns -version`: the version glued to the name, then OS/Arch, Go version and commit (unstamped).
     "coredns": f"CoreDNS-{versions.COREDNS.lstrip('v')}\nlinux/amd64, go1.26.8, ",
+    # `agnhost --version`: cobra's line for its root command "app", the version its Makefile stamps.
+    "agnhost": f"app version {versions.AGNHOST.lstrip('v')}",
     # A CNI plugin run with CNI_COMMAND empty (on stderr).
     **{f"cni/{p}": f"CNI {p} plugin {versions.CNI_PLUGINS}\n"
                    "CNI protocol versions supported: 0.1.0, 0.2.0, 0.3.0, 0.3.1, 0.4.0, 1.0.0, 1.1.0"

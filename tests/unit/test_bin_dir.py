@@ -46,7 +46,7 @@ def test_pinned_binaries_are_used_without_go(tmp_path, monkeypatch, no_go):
         "metrics-server": versions.METRICS_SERVER, "kube-proxy": versions.KUBERNETES,
         "coredns": versions.COREDNS.lstrip("v"), "cni/bridge": versions.CNI_PLUGINS,
         "cni/host-local": versions.CNI_PLUGINS, "cni/loopback": versions.CNI_PLUGINS,
-        "cni/portmap": versions.CNI_PLUGINS,
+        "cni/portmap": versions.CNI_PLUGINS, "agnhost": versions.AGNHOST.lstrip("v"),
     }
     assert found["kube-proxy"] == bin_dir / "kube-proxy" and found["coredns"] == bin_dir / "coredns"
     # The CNI plugins share one directory, the CNI_PATH.

@@ -82,6 +82,19 @@ def test_kube_proxy_is_built_with_the_control_plane():
     assert "github.com/vishvananda/netlink" in (binaries.GOBUILD / "kubernetes" / "go.sum").read_text()
 
 
+def test_agnhost_is_built_from_the_kubernetes_module_with_its_own_version():
+    """A tool of the kubernetes wrapper module; `agnhost --version` prints "app version 2.66.1"."""
+    from gpulab import versions
+
+    build = next(b for b in binaries.BUILDS if b.name == "agnhost")
+    assert build.module_dir() == binaries.GOBUILD / "kubernetes"
+    assert build.programs == (("k8s.io/kubernetes/test/images/agnhost", "agnhost"),)
+    assert {pkg for pkg, _ in build.programs} <= _tool_block(binaries.GOBUILD / "kubernetes" / "go.mod")
+    assert f"-X main.Version={versions.AGNHOST.lstrip('v')}" in build.ldflags
+    assert "github.com/ishidawataru/sctp" in (binaries.GOBUILD / "kubernetes" / "go.sum").read_text()
+    assert "agnhost" in binaries.REQUIRED and build.bin_dir.name == f"agnhost-{versions.AGNHOST}"
+
+
 def _tool_block(gomod: os.PathLike) -> set[str]:
     """The packages of a go.mod's `tool` directives (single or block)."""
     import re
@@ -126,7 +139,7 @@ def test_builds_come_in_order_and_give_every_required_binary(tmp_path, monkeypat
     monkeypatch.setenv("GPULAB_CACHE", str(tmp_path / "cache"))
     monkeypatch.delenv("GPULAB_BIN_DIR", raising=False)
     assert [b.name for b in binaries.BUILDS] == ["kubernetes", "etcd", "kwok", "metrics-server", "cni-plugins",
-                                                 "coredns"]
+                                                 "coredns", "agnhost"]
     monkeypatch.setattr(binaries, "_is_built", lambda b: True)
     found = binaries.ensure(lambda m: None)
     assert set(binaries.REQUIRED) <= set(found.paths)

@@ -357,6 +357,28 @@ def test_a_pods_own_utilisation_wins_and_idle_holders_start_computing(node, plug
     assert sorted(procs) == ["python3", "python3"]
 
 
+def test_a_programs_reported_activity_is_its_utilisation_and_an_annotation_still_wins(node, plugin) -> None:
+    plugin()
+    eventually(lambda: node.manager.resource_counts() == {"nvidia.com/gpu": (2, 2)})
+    server, fixed = pod("server"), pod("fixed")
+    fixed["metadata"]["annotations"]["gpulab.io/gpu-utilization"] = "10"
+    pods, reports = {}, {}
+    for p in (server, fixed):
+        node.admit(p)
+        grant = node.prepare(p, p["spec"]["containers"][0])
+        report = Path(grant.env["GPULAB_GPU_ACTIVITY"])
+        assert any(m.host_path == str(report.parent) and not m.read_only for m in grant.mounts)
+        reports[p["metadata"]["name"]] = report
+        report.write_text("55\n")  # what the program writes (gpulab/fakegpu/llmserver.py)
+        node.observe(p, p["spec"]["containers"][0], running=True)
+        pods[p["metadata"]["uid"]] = _ready(p, ready=False)  # measured, so readiness does not matter
+    assert node.apply_load(pods, FixedLoad(None)) is True
+    util = {s[1].get("pod"): s[2] for s in dcgm.parse(dcgm.render(node)) if s[0] == "DCGM_FI_DEV_GPU_UTIL"}
+    assert util == {"server": 55, "fixed": 10}
+    node.release(server)
+    assert not reports["server"].parent.exists() and reports["fixed"].exists()
+
+
 def test_a_deep_node_directory_gets_short_socket_paths(tmp_path, monkeypatch):
     import shutil
     import tempfile

@@ -1,4 +1,5 @@
-// Wrapper module: builds the real Kubernetes control plane and kube-proxy from the Go module proxy.
+// Wrapper module: builds the real Kubernetes control plane and kube-proxy from the Go module proxy,
+// and agnhost, the program of Kubernetes' e2e test image (test/images/agnhost).
 // k8s.io/kubernetes requires its staging modules at v0.0.0 with local replaces,
 // which do not apply to a dependent module, so each is replaced here by its
 // published version.
@@ -130,6 +131,7 @@ require (
 	github.com/grpc-ecosystem/go-grpc-middleware/v2 v2.3.3 // indirect
 	github.com/grpc-ecosystem/grpc-gateway/v2 v2.29.0 // indirect
 	github.com/inconshreveable/mousetrap v1.1.0 // indirect
+	github.com/ishidawataru/sctp v0.0.0-20250521072954-ae8eb7fa7995 // indirect
 	github.com/json-iterator/go v1.1.12 // indirect
 	github.com/kylelemons/godebug v1.1.0 // indirect
 	github.com/lithammer/dedent v1.1.0 // indirect
@@ -241,4 +243,5 @@ tool (
 	k8s.io/kubernetes/cmd/kube-controller-manager
 	k8s.io/kubernetes/cmd/kube-proxy
 	k8s.io/kubernetes/cmd/kube-scheduler
+	k8s.io/kubernetes/test/images/agnhost
 )
