@@ -142,7 +142,7 @@ test-learner: install-test build
 
 test-learner-process: install-test build
 	GPULAB_SANDBOX=process $(BIN)/python -m pytest tests/unit/test_sandbox.py tests/cluster/test_workloads.py \
-	    tests/notebooks/test_notebooks.py -k "test_sandbox or test_workloads or 01- or 05-" $(PYTEST_ARGS)
+	    tests/notebooks/test_notebooks.py -k "test_sandbox or test_workloads or 01- or 03-" $(PYTEST_ARGS)
 
 # No NB: all notebooks, in order, on one fresh cluster of their own (a temporary GPULAB_HOME, removed after);
 # NB="03 05": those, on the current cluster (started first, as make up does).

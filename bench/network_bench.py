@@ -2,8 +2,8 @@
 
 Two measures, each on something of its own:
 
-- ``--sandboxes N`` (default 20): the pod network alone (the ``pod-network`` component against a stand-in
-  apiserver port, no cluster): N pod sandboxes made one after another as the node agent makes them
+- ``--sandboxes N`` (default 20): the pod network alone (its namespace and apiserver relay, as the node
+  agent starts them, against a stand-in apiserver port; no cluster): N pod sandboxes made one after another as the node agent makes them
   (sandbox process + CNI loopback, bridge with host-local IPAM, portmap), then torn down (CNI DEL);
   milliseconds per pod, median and max.
 - ``--requests N`` (default 2000): on a fresh embedded cluster, a Deployment of 2 HTTP servers behind a
@@ -21,7 +21,6 @@ import os
 import shutil
 import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -40,16 +39,10 @@ def bench_sandboxes(count: int) -> dict[str, list[float]]:
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))  # the apiserver the relay would lead to: nothing is asked of it here
     listener.listen()
-    component = subprocess.Popen([sys.executable, "-m", "gpulab.runtime.network", f"--cluster-dir={home}",
-                                  f"--apiserver-port={listener.getsockname()[1]}"], cwd=REPO,
-                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    relay = network.ApiRelay(home, listener.getsockname()[1])
     out: dict[str, list[float]] = {"setup_ms": [], "teardown_ms": []}
     try:
-        deadline = time.monotonic() + 30
-        while not network.ready(home):
-            if time.monotonic() > deadline or component.poll() is not None:
-                raise RuntimeError("the pod-network component did not start")
-            time.sleep(0.05)
+        relay.start()
         pods = network.PodNetwork(home, home / "nodes", bins.cni_bin_dir, isolated=True)
         pods.set_node("bench-node", "10.244.7.0/24")
         made = []
@@ -66,8 +59,9 @@ def bench_sandboxes(count: int) -> dict[str, list[float]]:
             pods.teardown(pod, "bench-node", pod_dir)
             out["teardown_ms"].append((time.perf_counter() - t0) * 1000)
     finally:
-        component.terminate()
-        component.wait(timeout=10)
+        relay.stop()
+        network.stop_sandboxes(home)
+        relay.network.stop_holder()
         listener.close()
         shutil.rmtree(home, ignore_errors=True)
     return out

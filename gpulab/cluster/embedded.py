@@ -10,12 +10,11 @@ Start order and why:
    leader election off (one replica; a stale lease would delay a restart).
 4. ``kwok`` — node heartbeats and leases, and the kubelet's HTTP API
    (``kubectl logs``/``exec``) for every simulated node.
-5. ``pod-network`` — the nodes' shared network namespace, where the CNI
-   plugins put every pod (:mod:`gpulab.runtime.network`); it relays the
-   apiserver in as the ``kubernetes`` Service's endpoint.
-   ``node-agent`` — gpulab's simulated kubelet: runs pods' containers,
-   reports their status, provisions local volumes, serves each node's
-   resource metrics.
+5. ``node-agent`` — gpulab's simulated kubelet: makes (or adopts) the nodes'
+   shared network namespace, where the CNI plugins put every pod, and relays
+   the apiserver in as the ``kubernetes`` Service's endpoint
+   (:mod:`gpulab.runtime.network`); runs pods' containers, reports their
+   status, provisions local volumes, serves each node's resource metrics.
    ``metrics-server`` — the real one, behind the APIService
    ``v1beta1.metrics.k8s.io`` (``kubectl top``; :mod:`.metricsserver`).
 6. ``kube-proxy`` — Services, in nftables mode, inside the pod network
@@ -25,7 +24,7 @@ Start order and why:
    (:mod:`gpulab.fakegpu.operator`); their pods run on the nodes.
 
 Without namespaces (``GPULAB_SANDBOX=process``) there is no pod network:
-neither ``pod-network`` nor ``kube-proxy`` nor CoreDNS runs.
+neither ``kube-proxy`` nor CoreDNS runs.
 
 Everything listens on 127.0.0.1 only, on ports chosen free at first start
 and reused afterwards so kubeconfigs stay valid.
@@ -54,11 +53,11 @@ from ..kube.statedir import StateDir
 from ..kube.topology import load as load_topology
 
 
-# Start order; stop is the reverse. The pod network and kube-proxy run only where pods get namespaces
-# (not in GPULAB_SANDBOX=process: see components()).
-COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok", "pod-network",
+# Start order; stop is the reverse. kube-proxy runs only where pods get namespaces, in the pod network
+# the node agent makes (not in GPULAB_SANDBOX=process: see components()).
+COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok",
               "node-agent", "metrics-server", "kube-proxy")
-NETWORK_COMPONENTS = ("pod-network", "kube-proxy")
+NETWORK_COMPONENTS = ("kube-proxy",)
 
 
 def components() -> tuple[str, ...]:
@@ -162,7 +161,7 @@ class EmbeddedCluster(StateDir):
             # etcd and the apiserver one after the other (each needs the one
             # before); everything else talks only to the apiserver and starts
             # at once.
-            # kube-proxy runs inside the pod network's namespace: after pod-network has made it.
+            # kube-proxy runs inside the pod network's namespace: after the node agent has made it.
             for wave in (wanted[:1], wanted[1:2], wanted[2:-1] if wanted[-1] == "kube-proxy" else wanted[2:],
                          wanted[-1:] if wanted[-1] == "kube-proxy" else ()):
                 todo = [n for n in wave if n not in running]
@@ -329,13 +328,8 @@ class EmbeddedCluster(StateDir):
             return Component(name, [
                 sys.executable, "-m", "gpulab.cluster.nodeagent", f"--cluster-dir={self.root}",
                 f"--cni-bin={bins.cni_bin_dir}", f"--coredns={bins['coredns']}", f"--agnhost={bins['agnhost']}",
-            ], ready.exists, env=dict(os.environ, PYTHONUNBUFFERED="1"))
-        if name == "pod-network":
-            (network.ClusterNetwork(self.root).dir / "pod-network.ready").unlink(missing_ok=True)
-            return Component(name, [
-                sys.executable, "-m", "gpulab.runtime.network", f"--cluster-dir={self.root}",
                 f"--apiserver-port={ports['apiserver']}",
-            ], lambda: network.ready(self.root), env=dict(os.environ, PYTHONUNBUFFERED="1"))
+            ], ready.exists, env=dict(os.environ, PYTHONUNBUFFERED="1"))
         if name == "kube-proxy":
             holder = network.ClusterNetwork(self.root).holder()
             if holder is None:

@@ -28,7 +28,7 @@ from ..runtime import sandbox
 from ..runtime.agent import NodeAgent
 from ..runtime.images import (HOST_PROGRAMS, Entrypoint, ImageCatalog, agnhost_images, busybox_images,
                               nginx_images)
-from ..runtime.network import PodNetwork
+from ..runtime.network import ApiRelay, NetworkError, PodNetwork
 from ..runtime.resourcemetrics import SERVING_CERT, ResourceMetrics, ResourceMetricsServer
 
 # The port key in state.json of the resource metrics endpoint.
@@ -42,11 +42,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cni-bin", type=Path, required=True, help="the CNI plugins (CNI_PATH)")
     parser.add_argument("--coredns", type=Path, required=True, help="CoreDNS, the program of its image")
     parser.add_argument("--agnhost", type=Path, required=True, help="agnhost, the program of Kubernetes' test image")
+    parser.add_argument("--apiserver-port", type=int, required=True,
+                        help="relayed into the pod network as the kubernetes Service's endpoint")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         stream=sys.stderr)
     # The GPU side of every GPU node: device managers, GPUs, NVIDIA's programs.
     gpus = GpuStack(args.cluster_dir)
+    # The nodes' network namespace (started or adopted) with the apiserver relayed in, before any pod.
+    relay = ApiRelay(args.cluster_dir, args.apiserver_port) if sandbox.kind() == "namespaces" else None
+    if relay is not None:
+        try:
+            relay.start()
+        except NetworkError as e:
+            print(f"gpulab node agent: {e}", file=sys.stderr)
+            return 1
     # Pods on the pod network: their own namespaces in the namespaces sandbox; IPs alone without namespaces.
     network = PodNetwork(args.cluster_dir, args.cluster_dir / "nodes", args.cni_bin,
                          isolated=sandbox.kind() == "namespaces")
@@ -78,6 +88,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         metrics.stop()
         gpus.stop()
+        if relay is not None:
+            relay.stop()
     return 0
 
 

@@ -8,8 +8,8 @@ Three pieces, one module:
   namespace that owns it, as rootless Kubernetes (Usernetes) does; as root in
   a network namespace of gpulab's own. The host's network is never touched,
   and nothing in the namespace can reach the host's loopback except the
-  apiserver, through one relay. The host half (:func:`serve`, the cluster
-  component ``pod-network``) starts or adopts the holder and serves that relay.
+  apiserver, through one relay. The host half (:class:`ApiRelay`, run by the
+  node agent) starts or adopts the holder and serves that relay.
 - :class:`PodNetwork` — what the node agent does per pod sandbox, as
   containerd does: a sandbox process (``sleep``, the pause container) in a
   network namespace of its own, the CNI plugins' ADD on it with the node's
@@ -200,58 +200,62 @@ class ClusterNetwork:
         return True
 
 
-def serve(cluster_dir: Path, api_port: int) -> None:
-    """The ``pod-network`` component: start or adopt the holder, relay the apiserver to it, until SIGTERM.
+class ApiRelay:
+    """The host half of the pod network, run by the node agent: it starts (or adopts) the holder and
+    relays the apiserver into the namespace, as the ``kubernetes`` Service's endpoint.
 
-    SIGTERM (``gpulab down``) takes the namespace down with it, and the pods' sandboxes; a crash does not:
-    the next start adopts the holder it finds.
+    The namespace outlives the node agent (a crash of it loses no pod's network: the next one adopts
+    the holder it finds); ``gpulab down`` stops the pods' sandboxes and the holder after the agent.
     """
-    network = ClusterNetwork(cluster_dir)
-    pid = network.holder()
-    if pid is None or not network.ping():
-        network.stop_holder()
-        pid = network.start_holder()
-        log.info("pod network: new namespace, holder pid %d", pid)
-    else:
-        log.info("pod network: adopted the namespace of holder pid %d", pid)
-    answer, _ = network.request({"op": "relay", "port": api_port})
-    if not answer.get("ok"):
-        raise NetworkError(f"cannot relay the apiserver into the pod network: {answer.get('error')}")
-    path = network.dir / netholder.API_SOCKET
-    path.unlink(missing_ok=True)
-    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    server.bind(str(path))
-    path.chmod(0o600)
-    server.listen(128)
-    stop = threading.Event()
 
-    def on_term(signum: int, frame: Any) -> None:
-        stop.set()
-        with contextlib.suppress(OSError):
-            server.shutdown(socket.SHUT_RDWR)
+    def __init__(self, cluster_dir: Path, api_port: int):
+        self.network = ClusterNetwork(cluster_dir)
+        self.api_port = api_port
+        self._server: socket.socket | None = None
+        self._thread: threading.Thread | None = None
 
-    signal.signal(signal.SIGTERM, on_term)
-    (network.dir / "pod-network.ready").write_text(str(os.getpid()))
-    while not stop.is_set():
-        try:
-            client, _ = server.accept()
-        except OSError:
-            break
-        try:
-            upstream = socket.create_connection(("127.0.0.1", api_port), timeout=5)
-            upstream.settimeout(None)
-        except OSError:
-            client.close()
-            continue
-        splice(client, upstream)
-    stop_sandboxes(cluster_dir)
-    network.stop_holder()
+    def start(self) -> None:
+        network = self.network
+        pid = network.holder()
+        if pid is None or not network.ping():
+            network.stop_holder()
+            pid = network.start_holder()
+            log.info("pod network: new namespace, holder pid %d", pid)
+        else:
+            log.info("pod network: adopted the namespace of holder pid %d", pid)
+        answer, _ = network.request({"op": "relay", "port": self.api_port})
+        if not answer.get("ok"):
+            raise NetworkError(f"cannot relay the apiserver into the pod network: {answer.get('error')}")
+        path = network.dir / netholder.API_SOCKET
+        path.unlink(missing_ok=True)
+        server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        server.bind(str(path))
+        path.chmod(0o600)
+        server.listen(128)
+        self._server = server
+        self._thread = threading.Thread(target=self._serve, args=(server,), daemon=True, name="apiserver-relay")
+        self._thread.start()
 
+    def _serve(self, server: socket.socket) -> None:
+        while True:
+            try:
+                client, _ = server.accept()
+            except OSError:
+                return  # stopped
+            try:
+                upstream = socket.create_connection(("127.0.0.1", self.api_port), timeout=5)
+                upstream.settimeout(None)
+            except OSError:
+                client.close()
+                continue
+            splice(client, upstream)
 
-def ready(cluster_dir: Path) -> bool:
-    """The ``pod-network`` component serves (its ready file, and a holder that answers)."""
-    network = ClusterNetwork(cluster_dir)
-    return (network.dir / "pod-network.ready").exists() and network.ping()
+    def stop(self) -> None:
+        if self._server is not None:
+            with contextlib.suppress(OSError):
+                self._server.shutdown(socket.SHUT_RDWR)
+            self._server.close()
+            self._server = None
 
 
 def stop_sandboxes(cluster_dir: Path) -> int:
@@ -386,7 +390,7 @@ class PodNetwork:
             atomic_write_json(pod_dir / POD_FILE, record)
             return PodSandbox(record["ip"], record.get("join_pid"), record.get("join_start"), shared=True)
         if not self.cluster.available():
-            raise NetworkError("the pod network is not running (component pod-network); `gpulab up` starts it")
+            raise NetworkError("the pod network is not running (its holder is gone); `gpulab up` starts it")
         pid, start = self._start_sandbox(pod_dir)
         record: dict[str, Any] = {"sandbox_pid": pid, "sandbox_start": start}
         atomic_write_json(pod_dir / POD_FILE, record)
@@ -496,7 +500,7 @@ class PodNetwork:
             env["CNI_NETNS_OVERRIDE"] = "1"
         holder = None if host or not self.isolated else self.cluster.holder()
         if not host and self.isolated and holder is None:
-            raise NetworkError("the pod network is not running (component pod-network)")
+            raise NetworkError("the pod network is not running (its holder is gone)")
         argv = (enter_argv(holder) if holder else []) + [str(binary)]
         proc = subprocess.run(argv, input=json.dumps(conf).encode(), env=env, capture_output=True, timeout=60)
         out = proc.stdout.decode(errors="replace").strip()
@@ -587,23 +591,3 @@ def _first_ip(result: dict[str, Any]) -> str | None:
         if address:
             return address.split("/")[0]
     return None
-
-
-def main(argv: list[str]) -> int:
-    import argparse
-
-    parser = argparse.ArgumentParser(prog="python -m gpulab.runtime.network")
-    parser.add_argument("--cluster-dir", required=True, type=Path)
-    parser.add_argument("--apiserver-port", required=True, type=int)
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    try:
-        serve(args.cluster_dir, args.apiserver_port)
-    except NetworkError as e:
-        print(f"gpulab pod network: {e}", file=sys.stderr)
-        return 1
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
