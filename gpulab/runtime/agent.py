@@ -208,6 +208,8 @@ class NodeAgent:
         sandbox.check()
         # `kubectl exec`: KWOK finds every program here first, and the node agent runs it in the container.
         streaming.write_farm(self.cluster_dir)
+        threading.Thread(target=streaming.keep_farm, args=(self.cluster_dir, self.stop), daemon=True,
+                         name="exec-farm").start()
         streaming.ExecServer(self).start()
         self.nodes_synced = threading.Event()
         threads = [

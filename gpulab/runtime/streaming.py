@@ -54,6 +54,8 @@ SOCKET_ENV = execclient.SOCKET_ENV
 TARGET_ENV = execclient.TARGET_ENV  # "<pod uid>/<container>"
 FARM = execclient.FARM
 DISPATCHER = ".dispatch"
+#: How often the node agent adds links for programs installed on the host since it started.
+FARM_REFRESH_S = 30.0
 
 
 def socket_path(cluster_dir: Path) -> Path:
@@ -159,6 +161,21 @@ def write_farm(cluster_dir: Path) -> Path:
             with contextlib.suppress(OSError):
                 link.symlink_to(DISPATCHER)
     return farm
+
+
+def keep_farm(cluster_dir: Path, stop: threading.Event, interval: float = FARM_REFRESH_S) -> None:
+    """Rewrite the farm every ``interval`` seconds until ``stop`` is set.
+
+    A program installed on the host after the node agent started (``apt-get install netcat-openbsd``)
+    gets its link too: without one, KWOK finds the host's copy further down its PATH, and
+    ``kubectl exec POD -- nc ...`` (or ``nc`` in ``/bin/sh -c``) would run on the host, in the host's
+    network, instead of in the container.
+    """
+    while not stop.wait(interval):
+        try:
+            write_farm(cluster_dir)
+        except OSError as e:
+            log.warning("cannot refresh %s: %s", Path(cluster_dir) / FARM, e)
 
 
 # -- the commands KWOK runs -------------------------------------------------------------
