@@ -31,17 +31,11 @@ from typing import IO, Any
 
 from . import _proc
 
-try:  # POSIX
-    import fcntl
-except ImportError:  # pragma: no cover - Windows
-    fcntl = None  # type: ignore[assignment]
-    import msvcrt
+import fcntl
 
 
 def _fsync_dir(directory: Path) -> None:
-    # Makes the rename itself durable; not possible (nor needed) on Windows.
-    if os.name != "posix":  # pragma: no cover
-        return
+    # Makes the rename itself durable.
     fd = os.open(directory, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -202,26 +196,15 @@ class HeldLock:
 
 def _try_lock(handle: IO[bytes]) -> bool:
     """Take the lock if no one holds it; False (at once) if someone does."""
-    if fcntl is not None:
-        try:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return False
-        return True
-    handle.seek(0)  # pragma: no cover - Windows
-    try:  # pragma: no cover - Windows
-        msvcrt.locking(handle.fileno(), msvcrt.LK_NBLCK, 1)
-    except OSError:  # pragma: no cover - Windows
+    try:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
         return False
-    return True  # pragma: no cover - Windows
+    return True
 
 
 def _unlock(handle: IO[bytes]) -> None:
-    if fcntl is not None:
-        fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
-    else:  # pragma: no cover - Windows
-        handle.seek(0)
-        msvcrt.locking(handle.fileno(), msvcrt.LK_UNLCK, 1)
+    fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
 
 
 @contextlib.contextmanager

@@ -203,10 +203,3 @@ def install(kubeconfig: Path, pki_dir: Path, port: int, say: Callable[[str], Non
     for doc in manifest_documents(manifests_dir()) + custommetrics.registration(port, ca):
         client.apply(doc, manager=MANAGER)
     say(f"custom metrics adapter installed (APIService v1beta2.{custommetrics.GROUP} -> 127.0.0.1:{port})")
-
-
-def api_service_available(client: api.Client) -> bool:
-    svc = client.get("APIService", f"{custommetrics.VERSIONS[0]}.{custommetrics.GROUP}")
-    conds = ((svc or {}).get("status") or {}).get("conditions") or []
-    return any(c.get("type") == "Available" and c.get("status") == "True" for c in conds)
-

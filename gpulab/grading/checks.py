@@ -160,11 +160,6 @@ class Context:
         """Build a context from a flat list of objects (each with ``kind``)."""
         return cls(values or {}, group_by_kind(objects), namespace, execution)
 
-    @property
-    def ran_to_completion(self) -> bool:
-        """True when the graded notebook executed without error (no execution → False)."""
-        return bool(getattr(self.execution, "ok", False))
-
     def has(self, name: str) -> bool:
         return name in self.values
 

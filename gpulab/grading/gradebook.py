@@ -125,15 +125,6 @@ class RecordedCollector:
     def __init__(self, by_namespace: Mapping[str, Iterable[Mapping[str, Any]]]):
         self.by_namespace = {ns: list(objs) for ns, objs in by_namespace.items()}
 
-    @classmethod
-    def from_dir(cls, directory: str | Path) -> RecordedCollector:
-        """``<namespace>.json`` files, each a ``kubectl get -o json`` List or a JSON array of objects."""
-        data: dict[str, list[Mapping[str, Any]]] = {}
-        for path in sorted(Path(directory).glob("*.json")):
-            loaded = json.loads(path.read_text(encoding="utf-8"))
-            data[path.stem] = loaded if isinstance(loaded, list) else [loaded]
-        return cls(data)
-
     def collect(self, namespace: str) -> dict[str, list[dict[str, Any]]]:
         objects = self.by_namespace.get(namespace, self.by_namespace.get("*", []))
         return group_by_kind(objects)

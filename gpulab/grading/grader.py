@@ -62,11 +62,6 @@ def lab_of_notebook(path: str | Path) -> str:
     return f"{int(match.group(1)):02d}"
 
 
-def lab_notebook(spec: LabSpec) -> Path:
-    """The generated learner notebook of a lab (``labs/NN-<slug>.ipynb``)."""
-    return paths.repo_root() / "labs" / f"{spec.lab}.ipynb"
-
-
 def _cluster(cluster: Any = None) -> Any:
     from gpulab.cluster import backend
 

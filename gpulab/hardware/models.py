@@ -201,10 +201,6 @@ class MigProfile:
         """True for plain profiles, False for ``+me``-style variants."""
         return "+" not in self.name
 
-    @property
-    def memory_gib(self) -> float:
-        return self.memory_mib / 1024
-
 
 @dataclass(frozen=True)
 class MigSlice:

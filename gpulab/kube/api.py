@@ -106,10 +106,6 @@ class ApiError(Exception):
         super().__init__(f"{status}: {self.message}")
 
 
-def register_kind(kind: str, prefix: str, plural: str, namespaced: bool) -> None:
-    KINDS[kind] = (prefix, plural, namespaced)
-
-
 class Client:
     def __init__(self, kubeconfig: Path | str, timeout: float = 30):
         cfg = kubernetes.client.Configuration()
@@ -222,10 +218,6 @@ class Client:
         """PUT the whole object; its metadata.resourceVersion makes a stale write a :class:`Conflict`."""
         md = obj["metadata"]
         return self.request("PUT", self.path(obj["kind"], md["name"], md.get("namespace")), obj)
-
-    def replace_status(self, obj: dict[str, Any]) -> dict[str, Any]:
-        md = obj["metadata"]
-        return self.request("PUT", self.path(obj["kind"], md["name"], md.get("namespace"), "status"), obj)
 
     def delete(self, kind: str, name: str, namespace: str | None = None,
                grace_seconds: int | None = None, uid: str | None = None,
