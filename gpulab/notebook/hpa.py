@@ -44,10 +44,10 @@ class HpaTimeline:
         """A vertical line on the plot at this moment (e.g. "load 80")."""
         self.marks.append((time.monotonic() - self.t0, text))
 
-    def stop(self) -> "HpaTimeline":
+    def stop(self) -> None:
+        """End the sampling. Returns nothing: a cell ending in it shows no object."""
         self._stop.set()
         self._thread.join(timeout=5)
-        return self
 
     def plot(self, title: str | None = None, show: bool = True) -> Any:
         fig = new_figure(9, 3.4)

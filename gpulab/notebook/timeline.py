@@ -107,13 +107,12 @@ class Timeline:
                 rv = None
                 self._stop.wait(0.5)
 
-    def stop(self) -> Timeline:
-        """End the recording (idempotent); returns self."""
+    def stop(self) -> None:
+        """End the recording (idempotent). Returns nothing: a cell ending in it shows no object."""
         if self.t_end is None:
             self.t_end = time.time()
             self._stop.set()
             self._thread.join(timeout=5)
-        return self
 
     def transitions(self) -> Table:
         """Every recorded change: seconds since the start, pod, state, restart count."""

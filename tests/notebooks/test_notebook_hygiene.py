@@ -315,6 +315,29 @@ def test_outputs_show_no_python_booleans(notebook):
                        "shows a bool as 是/否; a cell that ends in a call whose result is not the point ends in ';'")
 
 
+OBJECT_REPR = re.compile(r"<[\w.]+ (object )?at 0x[0-9a-f]+>")
+
+
+def object_reprs(nb) -> list[str]:
+    """Code cells whose outputs show a Python object's default repr (``<pkg.Thing at 0x7f…>``)."""
+    found = []
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type != "code":
+            continue
+        for out in cell.get("outputs", []):
+            text = "".join(out.get("text", "")) + "".join((out.get("data") or {}).get("text/plain", ""))
+            if OBJECT_REPR.search(text) and "IPython.core.display" not in text:
+                found.append(str(i))
+                break
+    return found
+
+
+def test_outputs_show_no_object_reprs(notebook):
+    found = object_reprs(nbformat.read(notebook, as_version=4))
+    assert not found, (f"{notebook.name} shows a Python object's repr (<... at 0x...>) in cells {', '.join(found)}: "
+                       "end the cell in what the learner should see, or in ';'")
+
+
 # The same checks on synthetic notebooks: each bites, and passes on a good one.
 
 def _synthetic(setup_source: str, *outputs: str, sources: tuple[str, ...] = (), run: dict | None = None):
@@ -408,3 +431,12 @@ def test_python_booleans_are_found():
         execution_count=2)]
     nb.cells[3].outputs = [nbformat.v4.new_output("stream", name="stdout", text="True\n")]
     assert python_booleans(nb) == ["1", "2"]
+
+
+def test_object_reprs_are_found():
+    nb = _synthetic("lab = setup('00-x')", sources=("t = watch_pods()", "t.plot()"))
+    nb.cells[1].outputs = [nbformat.v4.new_output("execute_result", execution_count=1,
+                                                  data={"text/plain": "<gpulab.notebook.timeline.Timeline at 0x7f68>"})]
+    nb.cells[2].outputs = [nbformat.v4.new_output("display_data",
+                                                  data={"text/plain": "<IPython.core.display.Markdown object>"})]
+    assert object_reprs(nb) == ["1"]
