@@ -319,14 +319,16 @@ OBJECT_REPR = re.compile(r"<[\w.]+ (object )?at 0x[0-9a-f]+>")
 
 
 def object_reprs(nb) -> list[str]:
-    """Code cells whose outputs show a Python object's default repr (``<pkg.Thing at 0x7f…>``)."""
+    """Code cells whose outputs show a Python object's default repr (``<pkg.Thing at 0x7f…>``) or end in a bare
+    Python value (a str, list, dict or tuple repr: what a call returned, not what the lesson shows)."""
     found = []
     for i, cell in enumerate(nb.cells):
         if cell.cell_type != "code":
             continue
         for out in cell.get("outputs", []):
             text = "".join(out.get("text", "")) + "".join((out.get("data") or {}).get("text/plain", ""))
-            if OBJECT_REPR.search(text) and "IPython.core.display" not in text:
+            bare = out.get("output_type") == "execute_result" and text.strip()[:1] in ("'", '"', "[", "{", "(")
+            if (OBJECT_REPR.search(text) and "IPython.core.display" not in text) or bare:
                 found.append(str(i))
                 break
     return found
@@ -334,7 +336,7 @@ def object_reprs(nb) -> list[str]:
 
 def test_outputs_show_no_object_reprs(notebook):
     found = object_reprs(nbformat.read(notebook, as_version=4))
-    assert not found, (f"{notebook.name} shows a Python object's repr (<... at 0x...>) in cells {', '.join(found)}: "
+    assert not found, (f"{notebook.name} shows a Python repr (<... at 0x...>, '', [...], {{...}}) in cells {', '.join(found)}: "
                        "end the cell in what the learner should see, or in ';'")
 
 
@@ -434,9 +436,12 @@ def test_python_booleans_are_found():
 
 
 def test_object_reprs_are_found():
-    nb = _synthetic("lab = setup('00-x')", sources=("t = watch_pods()", "t.plot()"))
+    nb = _synthetic("lab = setup('00-x')", sources=("t = watch_pods()", "t.plot()", "wait_pods('app=x')", "sh('x')"))
     nb.cells[1].outputs = [nbformat.v4.new_output("execute_result", execution_count=1,
                                                   data={"text/plain": "<gpulab.notebook.timeline.Timeline at 0x7f68>"})]
     nb.cells[2].outputs = [nbformat.v4.new_output("display_data",
                                                   data={"text/plain": "<IPython.core.display.Markdown object>"})]
-    assert object_reprs(nb) == ["1"]
+    nb.cells[3].outputs = [nbformat.v4.new_output("execute_result", execution_count=3,
+                                                  data={"text/plain": "[{'metadata': {'name': 'x'}}]"})]
+    nb.cells[4].outputs = [nbformat.v4.new_output("stream", name="stdout", text="['printed on purpose']\n")]
+    assert object_reprs(nb) == ["1", "3"]
