@@ -18,3 +18,16 @@ def wait_for(fn: Callable[[], Any], timeout: float = 30, interval: float = 0.2, 
             return last
         time.sleep(interval)
     pytest.fail(f"timed out after {timeout:.0f} s waiting for {what} (last value: {last!r})")
+
+
+def pod_ready(kube, ns: str, name: str) -> Any:
+    """The pod, once its Ready condition is True (else a falsy value): a ``wait_for`` predicate."""
+    p = kube.get("Pod", name, ns) or {}
+    conds = {c["type"]: c["status"] for c in (p.get("status") or {}).get("conditions") or []}
+    return conds.get("Ready") == "True" and p
+
+
+def pod_finished(kube, ns: str, name: str) -> Any:
+    """The pod, once it is Succeeded or Failed (else a falsy value): a ``wait_for`` predicate."""
+    p = kube.get("Pod", name, ns) or {}
+    return (p.get("status") or {}).get("phase") in ("Succeeded", "Failed") and p

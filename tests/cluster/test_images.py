@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from gpulab.runtime import images, sandbox
-from helpers import wait_for
+from helpers import pod_finished, pod_ready, wait_for
 
 pytestmark = [pytest.mark.cluster,
               pytest.mark.skipif(sandbox.kind() != "namespaces",
@@ -51,17 +51,6 @@ def service(name: str, port: int, target: int) -> dict:
             "spec": {"selector": {"app": name}, "ports": [{"port": port, "targetPort": target}]}}
 
 
-def ready(kube, ns, name):
-    p = kube.get("Pod", name, ns) or {}
-    conds = {c["type"]: c["status"] for c in (p.get("status") or {}).get("conditions") or []}
-    return conds.get("Ready") == "True" and p
-
-
-def finished(kube, ns, name):
-    p = kube.get("Pod", name, ns) or {}
-    return (p.get("status") or {}).get("phase") in ("Succeeded", "Failed") and p
-
-
 def events(kube, ns, name) -> list[tuple[str, str]]:
     return [(e.get("reason"), e.get("message", "")) for e in kube.list("Event", ns)
             if (e.get("involvedObject") or {}).get("name") == name]
@@ -70,7 +59,7 @@ def events(kube, ns, name) -> list[tuple[str, str]]:
 def client(kube, ns) -> None:
     """A python:3.11 pod to `kubectl exec` requests from."""
     create(kube, ns, pod("client", "python:3.11", command=["sleep", "600"]))
-    wait_for(lambda: ready(kube, ns, "client"), 60, what="client Ready")
+    wait_for(lambda: pod_ready(kube, ns, "client"), 60, what="client Ready")
 
 
 def get_from_client(kubectl, ns, url: str) -> str:
@@ -113,7 +102,7 @@ def test_nginx_serves_its_welcome_page_behind_a_service_and_through_port_forward
     create(kube, ns, pod("web", "nginx:1.27", **serving(80)))
     create(kube, ns, service("web", 80, 80))
     client(kube, ns)
-    wait_for(lambda: ready(kube, ns, "web"), 60, what="nginx Ready")
+    wait_for(lambda: pod_ready(kube, ns, "web"), 60, what="nginx Ready")
     assert WELCOME in get_from_client(kubectl, ns, "http://web/")
     assert WELCOME in get_from_client(kubectl, ns, f"http://web.{ns}.svc.cluster.local/index.html")
     assert WELCOME in port_forward(cluster, ns, "pod/web", 80)
@@ -140,7 +129,7 @@ def test_a_pods_volume_covers_the_nginx_images_html(kube, kubectl, ns):
     create(kube, ns, body)
     create(kube, ns, service("site", 80, 80))
     client(kube, ns)
-    wait_for(lambda: ready(kube, ns, "site"), 60, what="nginx Ready")
+    wait_for(lambda: pod_ready(kube, ns, "site"), 60, what="nginx Ready")
     assert get_from_client(kubectl, ns, "http://site/").strip() == "<p>our own page</p>"
 
 
@@ -148,10 +137,10 @@ def test_agnhost_netexec_answers_its_hostname_and_pause_is_its_default(kube, kub
     create(kube, ns, pod("netexec", AGNHOST, args=["netexec", "--http-port=8080"], **serving(8080)))
     create(kube, ns, pod("paused", AGNHOST))  # CMD: pause
     client(kube, ns)
-    srv = wait_for(lambda: ready(kube, ns, "netexec"), 60, what="agnhost netexec Ready")
+    srv = wait_for(lambda: pod_ready(kube, ns, "netexec"), 60, what="agnhost netexec Ready")
     assert get_from_client(kubectl, ns, f"http://{srv['status']['podIP']}:8080/hostname").strip() == "netexec"
     assert get_from_client(kubectl, ns, f"http://{srv['status']['podIP']}:8080/echo?msg=hi").strip() == "hi"
-    wait_for(lambda: ready(kube, ns, "paused"), 60, what="agnhost pause Ready")
+    wait_for(lambda: pod_ready(kube, ns, "paused"), 60, what="agnhost pause Ready")
     assert wait_for(lambda: "Paused" in kubectl("-n", ns, "logs", "paused").stdout, 20, what="pause's log")
 
 
@@ -165,7 +154,7 @@ def test_busybox_runs_its_shell_as_the_real_image_does(kube, kubectl, ns):
     # Neither: CMD `sh`, which finds no terminal, reads an empty stdin and exits 0.
     create(kube, ns, pod("bare", "docker.io/library/busybox:latest", restart="Never"))
     for name in ("hi", "applet", "bare"):
-        p = wait_for(lambda name=name: finished(kube, ns, name), 60, what=f"{name} finished")
+        p = wait_for(lambda name=name: pod_finished(kube, ns, name), 60, what=f"{name} finished")
         assert p["status"]["phase"] == "Succeeded", (name, p["status"])
     assert kubectl("-n", ns, "logs", "hi").stdout == "hi\n"
     assert kubectl("-n", ns, "logs", "applet").stdout == "hi from busybox\n"  # the shell is busybox's

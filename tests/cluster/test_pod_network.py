@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from gpulab.runtime import sandbox
-from helpers import wait_for
+from helpers import pod_finished, pod_ready, wait_for
 
 pytestmark = [pytest.mark.cluster,
               pytest.mark.skipif(sandbox.kind() != "namespaces",
@@ -57,28 +57,17 @@ def fetch(url: str, tries: int = 10) -> list[str]:
     return ["python3", "-c", code]
 
 
-def ready(kube, ns, name):
-    p = kube.get("Pod", name, ns) or {}
-    conds = {c["type"]: c["status"] for c in (p.get("status") or {}).get("conditions") or []}
-    return conds.get("Ready") == "True" and p
-
-
-def finished(kube, ns, name):
-    p = kube.get("Pod", name, ns) or {}
-    return (p.get("status") or {}).get("phase") in ("Succeeded", "Failed") and p
-
-
 def logs(kubectl, ns, name) -> str:
     return kubectl("-n", ns, "logs", name).stdout
 
 
 def test_pods_on_different_nodes_reach_each_other_by_pod_ip(kube, kubectl, ns):
     create(kube, ns, server("srv", 8080, node="cpu-node-1"))
-    srv = wait_for(lambda: ready(kube, ns, "srv"), 60, what="server Ready")
+    srv = wait_for(lambda: pod_ready(kube, ns, "srv"), 60, what="server Ready")
     ip = srv["status"]["podIP"]
     assert srv["status"]["podIPs"] == [{"ip": ip}]
     create(kube, ns, pod("cli", fetch(f"http://{ip}:8080/"), node="cpu-node-2"))
-    done = wait_for(lambda: finished(kube, ns, "cli"), 60, what="client finished")
+    done = wait_for(lambda: pod_finished(kube, ns, "cli"), 60, what="client finished")
     assert done["status"]["phase"] == "Succeeded", logs(kubectl, ns, "cli")
     assert logs(kubectl, ns, "cli").strip() == "hello from srv"
     # Each node hands out its own podCIDR, as node IPAM gave it.
@@ -104,7 +93,7 @@ def test_a_service_balances_over_its_ready_endpoints_by_dns_name(kube, kubectl, 
             "    except Exception: time.sleep(0.5)\n"
             "print(len(seen), sum(seen.values()))\n")
     create(kube, ns, pod("cli", ["python3", "-c", code]))
-    wait_for(lambda: finished(kube, ns, "cli"), 90, what="client finished")
+    wait_for(lambda: pod_finished(kube, ns, "cli"), 90, what="client finished")
     replicas, answered = map(int, logs(kubectl, ns, "cli").split())
     assert replicas == 2 and answered >= 30
 
@@ -115,7 +104,7 @@ def test_a_pods_resolv_conf_is_the_kubelets_and_cluster_dns_answers(kube, kubect
             "print(socket.gethostbyname('kubernetes.default'))\n"
             "print(socket.gethostbyname('kube-dns.kube-system.svc.cluster.local'))\n")
     create(kube, ns, pod("dns", ["python3", "-c", code]))
-    done = wait_for(lambda: finished(kube, ns, "dns"), 60, what="pod finished")
+    done = wait_for(lambda: pod_finished(kube, ns, "dns"), 60, what="pod finished")
     out = logs(kubectl, ns, "dns").splitlines()
     assert done["status"]["phase"] == "Succeeded", out
     assert out[0] == f"search {ns}.svc.cluster.local svc.cluster.local cluster.local"
@@ -182,7 +171,7 @@ def test_a_pod_reaches_the_apiserver_only_through_the_kubernetes_service(kube, k
             "    except OSError as e: return type(e).__name__\n"
             f"print(dial('10.96.0.1', 443), dial('127.0.0.1', {api_port}), dial('127.0.0.1', 22))\n")
     create(kube, ns, pod("probe", ["python3", "-c", code]))
-    wait_for(lambda: finished(kube, ns, "probe"), 60, what="pod finished")
+    wait_for(lambda: pod_finished(kube, ns, "probe"), 60, what="pod finished")
     service, loopback_api, loopback_ssh = logs(kubectl, ns, "probe").split()
     assert service == "open"
     assert loopback_api == "ConnectionRefusedError" and loopback_ssh == "ConnectionRefusedError"
@@ -193,7 +182,7 @@ def test_kubectl_exec_runs_in_the_pods_network_with_its_dns(kube, kubectl, ns):
     create(kube, ns, server("srv", 8080))
     create(kube, ns, {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web"},
                       "spec": {"selector": {"app": "srv"}, "ports": [{"port": 80, "targetPort": 8080}]}})
-    wait_for(lambda: ready(kube, ns, "srv"), 60, what="server Ready")
+    wait_for(lambda: pod_ready(kube, ns, "srv"), 60, what="server Ready")
     code = ("import socket, time, urllib.request\n"
             "print(socket.gethostname(), open('/etc/resolv.conf').read().split()[1])\n"
             "for i in range(10):\n"
@@ -215,7 +204,7 @@ def test_kubectl_port_forward_reaches_a_pod_and_a_service(kube, kubectl, ns, clu
     create(kube, ns, server("web", 8080))
     create(kube, ns, {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web"},
                       "spec": {"selector": {"app": "web"}, "ports": [{"port": 80, "targetPort": 8080}]}})
-    wait_for(lambda: ready(kube, ns, "web"), 60, what="server Ready")
+    wait_for(lambda: pod_ready(kube, ns, "web"), 60, what="server Ready")
     exe = str(Path(sys.executable).parent / "kubectl")
     for target, remote in (("pod/web", "8080"), ("svc/web", "80")):
         with socketlib.socket() as s:
@@ -262,7 +251,7 @@ def _answers(url: str, count: int) -> list[str]:
 def test_session_affinity_keeps_a_client_on_one_endpoint(kube, kubectl, ns):
     _two_servers_behind(kube, ns, {"sessionAffinity": "ClientIP"})
     create(kube, ns, pod("cli", _answers("http://web/", 20)))
-    wait_for(lambda: finished(kube, ns, "cli"), 90, what="client finished")
+    wait_for(lambda: pod_finished(kube, ns, "cli"), 90, what="client finished")
     endpoints, answered = map(int, logs(kubectl, ns, "cli").split())
     assert (endpoints, answered) == (1, 20)
 
@@ -274,7 +263,7 @@ def test_a_nodeport_answers_on_the_nodes_addresses(kube, kubectl, ns):
     cidr = next(n for n in kube.list("Node") if n["metadata"]["name"] == "cpu-node-2")["spec"]["podCIDR"]
     gateway = cidr.rsplit(".", 1)[0] + ".1"
     create(kube, ns, pod("cli", _answers(f"http://{gateway}:{node_port}/", 10), node="cpu-node-1"))
-    done = wait_for(lambda: finished(kube, ns, "cli"), 90, what="client finished")
+    done = wait_for(lambda: pod_finished(kube, ns, "cli"), 90, what="client finished")
     assert done["status"]["phase"] == "Succeeded"
     endpoints, answered = map(int, logs(kubectl, ns, "cli").split())
     assert answered == 10 and endpoints in (1, 2)
