@@ -549,8 +549,11 @@ class PodWorker(threading.Thread):
         is an event (``FailedPreStopHook``, the kubelet's text) and the container is stopped all the same.
         """
         began = time.monotonic()
+        # Built-in programs (the GPU stack's operands) run inside the node agent: there is no process of
+        # theirs to exec a hook in, and their own stop does what their images' hooks do.
         hooks = [(c, (c.spec.get("lifecycle") or {}).get("preStop"))
-                 for c in (containers if containers is not None else self.main) if c.state == "running"]
+                 for c in (containers if containers is not None else self.main)
+                 if c.state == "running" and c.factory is None]
         workers = [threading.Thread(target=self._run_hook, args=(c, hook, grace), daemon=True,
                                     name=f"prestop-{c.name}") for c, hook in hooks if hook]
         for w in workers:
