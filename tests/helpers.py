@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import socket
+import subprocess
+import sys
 import time
+import urllib.request
+from pathlib import Path
 from typing import Any, Callable
 
 import pytest
@@ -31,3 +36,27 @@ def pod_finished(kube, ns: str, name: str) -> Any:
     """The pod, once it is Succeeded or Failed (else a falsy value): a ``wait_for`` predicate."""
     p = kube.get("Pod", name, ns) or {}
     return (p.get("status") or {}).get("phase") in ("Succeeded", "Failed") and p
+
+
+def port_forward(cluster, ns: str, target: str, remote: int | str, path: str = "/") -> str:
+    """GET ``path`` through `kubectl port-forward TARGET LOCAL:REMOTE` (retried while the forward comes up)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        local = s.getsockname()[1]
+    exe = str(Path(sys.executable).parent / "kubectl")
+    proc = subprocess.Popen([exe, "--kubeconfig", str(cluster.kubeconfig), "-n", ns, "port-forward", target,
+                             f"{local}:{remote}", "--address=127.0.0.1"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    body = None
+    try:
+        for _ in range(50):
+            try:
+                body = urllib.request.urlopen(f"http://127.0.0.1:{local}{path}", timeout=3).read().decode()
+                break
+            except OSError:
+                time.sleep(0.2)
+    finally:
+        proc.terminate()
+        said = proc.communicate(timeout=10)[0]
+    assert body is not None, f"{target}: kubectl port-forward said: {said}"
+    return body

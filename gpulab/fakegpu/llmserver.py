@@ -805,34 +805,27 @@ def loadgen(args: argparse.Namespace, out=None, stop: threading.Event | None = N
 SUBCOMMANDS = ("serve", "fetch", "loadgen")
 
 
-def _positive(text: str) -> float:
+def _number(text: str, kind: type, minimum: float, strict: bool, rule: str) -> float:
+    """``text`` as ``kind`` (int or float), at least ``minimum`` (above it when ``strict``); argparse's error else."""
     try:
-        value = float(text)
+        value = kind(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be greater than 0")
+        raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if kind is int else 'a number'}") from None
+    if not (value > minimum or (not strict and value == minimum)):  # NaN fails too
+        raise argparse.ArgumentTypeError(f"{text!r} {rule}")
     return value
+
+
+def _positive(text: str) -> float:
+    return _number(text, float, 0, True, "must be greater than 0")
 
 
 def _non_negative(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must not be negative")
-    return value
+    return _number(text, float, 0, False, "must not be negative")
 
 
 def _count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} must be at least 1")
-    return value
+    return int(_number(text, int, 1, False, "must be at least 1"))
 
 
 def parser() -> argparse.ArgumentParser:

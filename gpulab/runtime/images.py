@@ -117,18 +117,24 @@ def busybox_images() -> list[Entrypoint]:
 NGINX_PACKAGE = "nginx-light"
 
 # The official image's /usr/share/nginx/html/index.html and 50x.html.
-NGINX_INDEX = """<!DOCTYPE html>
+def _nginx_page(title: str, body: str) -> str:
+    return f"""<!DOCTYPE html>
 <html>
 <head>
-<title>Welcome to nginx!</title>
+<title>{title}</title>
 <style>
-html { color-scheme: light dark; }
-body { width: 35em; margin: 0 auto;
-font-family: Tahoma, Verdana, Arial, sans-serif; }
+html {{ color-scheme: light dark; }}
+body {{ width: 35em; margin: 0 auto;
+font-family: Tahoma, Verdana, Arial, sans-serif; }}
 </style>
 </head>
 <body>
-<h1>Welcome to nginx!</h1>
+{body}</body>
+</html>
+"""
+
+
+NGINX_INDEX = _nginx_page("Welcome to nginx!", """<h1>Welcome to nginx!</h1>
 <p>If you see this page, the nginx web server is successfully installed and
 working. Further configuration is required.</p>
 
@@ -138,29 +144,14 @@ Commercial support is available at
 <a href="http://nginx.com/">nginx.com</a>.</p>
 
 <p><em>Thank you for using nginx.</em></p>
-</body>
-</html>
-"""
-NGINX_50X = """<!DOCTYPE html>
-<html>
-<head>
-<title>Error</title>
-<style>
-html { color-scheme: light dark; }
-body { width: 35em; margin: 0 auto;
-font-family: Tahoma, Verdana, Arial, sans-serif; }
-</style>
-</head>
-<body>
-<h1>An error occurred.</h1>
+""")
+NGINX_50X = _nginx_page("Error", """<h1>An error occurred.</h1>
 <p>Sorry, the page you are looking for is currently unavailable.<br/>
 Please try again later.</p>
 <p>If you are the system administrator of this resource then you should check
 the error log for details.</p>
 <p><em>Faithfully yours, nginx.</em></p>
-</body>
-</html>
-"""
+""")
 # The official image's conf.d/default.conf (IPv4 only: its entrypoint adds [::]:80 only where IPv6 is on).
 NGINX_DEFAULT_CONF = """server {
     listen       80;

@@ -6,17 +6,12 @@ built from the k8s.io/kubernetes module with the control plane (gpulab.runtime.i
 
 from __future__ import annotations
 
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
 from gpulab.runtime import images, sandbox
-from helpers import pod_finished, pod_ready, wait_for
+from helpers import pod_finished, pod_ready, port_forward, wait_for
 
 pytestmark = [pytest.mark.cluster,
               pytest.mark.skipif(sandbox.kind() != "namespaces",
@@ -71,29 +66,6 @@ def get_from_client(kubectl, ns, url: str) -> str:
             "        err = e; time.sleep(1)\n"
             "print('failed:', err); sys.exit(1)\n")
     return kubectl("-n", ns, "exec", "client", "--", "python3", "-c", code).stdout
-
-
-def port_forward(cluster, ns, target: str, remote: int, path: str = "/") -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        local = s.getsockname()[1]
-    exe = str(Path(sys.executable).parent / "kubectl")
-    proc = subprocess.Popen([exe, "--kubeconfig", str(cluster.kubeconfig), "-n", ns, "port-forward", target,
-                             f"{local}:{remote}", "--address=127.0.0.1"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    body = None
-    try:
-        for _ in range(50):
-            try:
-                body = urllib.request.urlopen(f"http://127.0.0.1:{local}{path}", timeout=3).read().decode()
-                break
-            except OSError:
-                time.sleep(0.2)
-    finally:
-        proc.terminate()
-        said = proc.communicate(timeout=10)[0]
-    assert body is not None, f"{target}: kubectl port-forward said: {said}"
-    return body
 
 
 @needs_nginx

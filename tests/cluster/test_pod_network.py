@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from gpulab.runtime import sandbox
-from helpers import pod_finished, pod_ready, wait_for
+from helpers import pod_finished, pod_ready, port_forward, wait_for
 
 pytestmark = [pytest.mark.cluster,
               pytest.mark.skipif(sandbox.kind() != "namespaces",
@@ -194,37 +194,12 @@ def test_kubectl_exec_runs_in_the_pods_network_with_its_dns(kube, kubectl, ns):
 
 
 def test_kubectl_port_forward_reaches_a_pod_and_a_service(kube, kubectl, ns, cluster):
-    import socket as socketlib
-    import subprocess
-    import sys
-    import time
-    import urllib.request
-    from pathlib import Path
-
     create(kube, ns, server("web", 8080))
     create(kube, ns, {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web"},
                       "spec": {"selector": {"app": "web"}, "ports": [{"port": 80, "targetPort": 8080}]}})
     wait_for(lambda: pod_ready(kube, ns, "web"), 60, what="server Ready")
-    exe = str(Path(sys.executable).parent / "kubectl")
     for target, remote in (("pod/web", "8080"), ("svc/web", "80")):
-        with socketlib.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            local = s.getsockname()[1]
-        proc = subprocess.Popen([exe, "--kubeconfig", str(cluster.kubeconfig), "-n", ns, "port-forward", target,
-                                 f"{local}:{remote}", "--address=127.0.0.1"],
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        try:
-            body = None
-            for _ in range(50):
-                try:
-                    body = urllib.request.urlopen(f"http://127.0.0.1:{local}/", timeout=3).read().decode()
-                    break
-                except OSError:
-                    time.sleep(0.2)
-        finally:
-            proc.terminate()
-            said = proc.communicate(timeout=10)[0]
-        assert body == "hello from web", f"{target}: kubectl port-forward said: {said}"
+        assert port_forward(cluster, ns, target, remote) == "hello from web", target
 
 
 def _two_servers_behind(kube, ns, service: dict) -> None:
