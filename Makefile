@@ -98,7 +98,8 @@ install-test: $(TEST_STAMP)
 build: install
 	$(BIN)/gpulab build
 
-up: build
+# `gpulab up` builds what a cluster needs to start; the rest (`gpulab build`) is for tests.
+up: install
 	$(CHECK_BACKEND)
 	$(BIN)/gpulab up $(if $(filter kind,$(BACKEND)),--backend kind)
 
@@ -115,6 +116,7 @@ status:
 	$(BIN)/gpulab status
 
 lab: up
+	$(BIN)/gpulab build --background
 	$(BIN)/jupyter lab --ServerApp.ip=127.0.0.1 --ServerApp.port=$(JUPYTER_PORT) \
 	    --ServerApp.root_dir=$(CURDIR) --LabApp.default_url=/lab/tree/notebooks \
 	    $(if $(filter 0,$(shell id -u)),--allow-root)

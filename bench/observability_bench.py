@@ -132,7 +132,7 @@ def main() -> None:
         wait(lambda: ((kube.get("HorizontalPodAutoscaler", "llm", NS) or {}).get("status") or {}).get(
             "currentMetrics"), 60, "the HPA's first metrics")
         t0 = time.monotonic()
-        load.set_load(kube, "deploy/llm", "80", NS)
+        load.set_load(kube, "svc/llm", "5", NS)
         wait(lambda: (kube.get("Deployment", "llm", NS)["spec"]["replicas"] == 2), 120, "the HPA to scale out")
         decided = time.monotonic() - t0
         wait(lambda: int((kube.get("Deployment", "llm", NS).get("status") or {}).get("readyReplicas") or 0) == 2,
@@ -141,7 +141,7 @@ def main() -> None:
         rows.append(("HPA: load change -> new replica requested", f"{decided:.1f} s"))
         rows.append(("HPA: load change -> new replica Ready (2 s model load)", f"{ready:.1f} s"))
         t0 = time.monotonic()
-        load.set_load(kube, "deploy/llm", "0", NS)
+        load.set_load(kube, "svc/llm", "0", NS)
         wait(lambda: (kube.get("Deployment", "llm", NS)["spec"]["replicas"] == 1), 180, "the HPA to scale in")
         rows.append(("HPA: load gone -> scaled back in (15 s stabilisation)", f"{time.monotonic() - t0:.1f} s"))
     finally:

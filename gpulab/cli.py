@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -194,10 +195,26 @@ def versions_cmd() -> None:
 
 
 @main.command()
-def build() -> None:
+@click.option("--background", is_flag=True,
+              help="Build what `gpulab up` does not wait for in a process of its own; print where it logs.")
+def build(background: bool) -> None:
     """Build the control-plane binaries once (with GPULAB_BIN_DIR: check its binaries and versions instead)."""
     from .cluster import binaries
 
+    if background:
+        later = binaries.pending()
+        if not later:
+            click.echo("gpulab: nothing left to build")
+            return
+        log = paths.cache() / "build.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with open(log, "ab") as out:
+            subprocess.Popen([sys.executable, "-m", "gpulab.cli", "build"], stdin=subprocess.DEVNULL, stdout=out,
+                             stderr=out, start_new_session=True, close_fds=True)
+        names = ", ".join(f"{b.name} {b.version}" for b in later)
+        click.echo(f"gpulab: building {names} in the background (no lesson waits for it; pods of its image "
+                   f"say so until it is there): tail -f {log}", err=True)
+        return
     given = os.environ.get("GPULAB_BIN_DIR")
     try:
         bins = binaries.ensure()
@@ -526,16 +543,19 @@ def _api_and_namespace(namespace: str | None):
 
 
 @main.command(name="load")
-@click.argument("target", metavar="KIND/NAME")
-@click.argument("value", metavar="PERCENT")
-@click.option("--namespace", "-n", help="Namespace of the workload (default: the kubeconfig context's).")
-def load_cmd(target: str, value: str, namespace: str | None) -> None:
-    """Set the traffic on a workload: PERCENT of one GPU, shared by its ready replicas.
+@click.argument("target", metavar="svc/NAME")
+@click.argument("rps", metavar="RPS")
+@click.option("--max-tokens", default=16, show_default=True, type=int, help="Tokens each request asks for.")
+@click.option("--port", help="The Service's port, by name or number (default: its first).")
+@click.option("--namespace", "-n", help="Namespace of the Service (default: the kubeconfig context's).")
+def load_cmd(target: str, rps: str, max_tokens: int, port: str | None, namespace: str | None) -> None:
+    """Send RPS completion requests per second to a Service, from a pod in the cluster.
 
-    `gpulab load deploy/llm 80` keeps one replica's GPU 80 % busy, or two
-    replicas 40 % each; `gpulab load deploy/llm 0` stops the traffic. Pods
-    that fix their own utilisation (annotation gpulab.io/gpu-utilization)
-    keep it.
+    `gpulab load svc/llm 5` runs (or changes) the Deployment load-llm: a
+    generator sending 5 requests/s to http://llm.<namespace>.svc/v1/completions
+    through cluster DNS and kube-proxy until `gpulab load svc/llm 0` stops it.
+    The replicas that answer are busy for as long as they compute, and that is
+    the GPU utilization nvidia-smi, DCGM and an HPA see.
     """
     from .kube import api
     from .fakegpu import load
@@ -543,16 +563,17 @@ def load_cmd(target: str, value: str, namespace: str | None) -> None:
     try:
         # Bad input is reported before anything talks to the cluster.
         load.parse_target(target)
-        load.parse_load(value)
+        load.parse_rps(rps)
+        load.parse_max_tokens(max_tokens)
     except load.LoadError as e:
         _fail(str(e), 2)
     client, ns = _api_and_namespace(namespace)
     try:
-        click.echo(load.set_load(client, target, value, ns))
+        click.echo(load.set_load(client, target, rps, ns, max_tokens=max_tokens, port=port))
     except load.LoadError as e:
         _fail(str(e), 2)
     except (api.ApiError, OSError) as e:
-        _fail(f"cannot set the load: {e}")
+        _fail(f"cannot start the traffic: {e}")
 
 
 @main.command(name="metrics")

@@ -12,6 +12,18 @@ from typing import Any, Callable
 
 import pytest
 
+from gpulab.runtime import sandbox
+
+#: A cluster test that needs the pod network: skipped under GPULAB_SANDBOX=process, which has none.
+NEEDS_POD_NETWORK = pytest.mark.skipif(sandbox.kind() != "namespaces",
+                                       reason="GPULAB_SANDBOX=process has no pod network (README: what each mode gives)")
+
+
+def create(kube, ns: str, obj: dict[str, Any]) -> dict[str, Any]:
+    """Create ``obj`` in namespace ``ns``."""
+    obj["metadata"]["namespace"] = ns
+    return kube.create(obj)
+
 
 def wait_for(fn: Callable[[], Any], timeout: float = 30, interval: float = 0.2, what: str = "condition") -> Any:
     """Poll ``fn`` until it returns something truthy; fail with ``what`` after ``timeout``."""

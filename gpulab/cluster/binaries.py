@@ -35,6 +35,7 @@ from typing import Callable
 
 from .. import paths, versions
 from .._fsutil import hold_lock
+from ..runtime.images import AGNHOST_FILES
 
 GOBUILD = Path(__file__).resolve().parent / "gobuild"
 
@@ -56,6 +57,9 @@ class Build:
     ldflags: str = ""
     # The wrapper module in gobuild/ when not the build's own name (agnhost's is kubernetes's).
     module: str = ""
+    # False: no cluster needs it to start (the program of an image only tests and upstream's e2e suite
+    # run); `gpulab up` leaves it to `gpulab build`, so a first `make lab` does not wait for it.
+    for_up: bool = True
 
     @property
     def bin_dir(self) -> Path:
@@ -138,6 +142,7 @@ BUILDS = (
         (("k8s.io/kubernetes/test/images/agnhost", "agnhost"),),
         f"-s -w -X main.Version={versions.AGNHOST.lstrip('v')}",
         module="kubernetes",
+        for_up=False,
     ),
 )
 
@@ -250,7 +255,8 @@ def _is_built(build: Build) -> bool:
         return False
     return data.get("stamp") == _stamp(build) and all(
         (build.bin_dir / out).is_file() for _, out in build.programs
-    ) and (build.name != "kwok" or all((build.bin_dir / "kwok-crds" / crd).is_file() for crd in KWOK_CRDS))
+    ) and (build.name != "kwok" or all((build.bin_dir / "kwok-crds" / crd).is_file() for crd in KWOK_CRDS)
+           ) and (build.name != "agnhost" or all((build.bin_dir / f).is_file() for f in AGNHOST_FILES))
 
 
 def _go() -> str:
@@ -352,6 +358,13 @@ def _build(build: Build, go: str, progress: Progress) -> None:
         (tmp / "kwok-crds").mkdir()
         for crd in KWOK_CRDS:
             shutil.copyfile(Path(mod_dir) / "kustomize" / "crd" / "bases" / crd, tmp / "kwok-crds" / crd)
+    if build.name == "agnhost":
+        # The image's files beside its program (porter's TLS certificate and key), as its Dockerfile adds them.
+        mod_dir = _run_go(go, ["list", "-m", "-f", "{{.Dir}}", "k8s.io/kubernetes"], work, env,
+                          "go list -m k8s.io/kubernetes").strip()
+        for f in AGNHOST_FILES:
+            (tmp / f).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(Path(mod_dir) / "test" / "images" / "agnhost" / f, tmp / f)
     (tmp / ".stamp").write_text(json.dumps({"stamp": _stamp(build), "version": build.version}))
     shutil.rmtree(build.bin_dir, ignore_errors=True)
     tmp.rename(build.bin_dir)
@@ -453,13 +466,18 @@ def _from_bin_dir(bin_dir: Path, say: Progress) -> Binaries:
     return found
 
 
-def ensure(progress: Progress | None = None) -> Binaries:
-    """Return the binaries, building whatever is missing (visible progress)."""
+def ensure(progress: Progress | None = None, for_up: bool = False) -> Binaries:
+    """Return the binaries, building whatever is missing (visible progress).
+
+    ``for_up``: build only what a cluster needs to start (see :attr:`Build.for_up`); the paths of the
+    others are still given, where `gpulab build` will put them (an image whose program is not there yet
+    says so when a pod uses it).
+    """
     say = progress or (lambda msg: print(f"gpulab: {msg}", file=sys.stderr, flush=True))
     if os.environ.get("GPULAB_BIN_DIR"):
         # Ready binaries: checked, never built, and Go is not needed.
         return _from_bin_dir(Path(os.environ["GPULAB_BIN_DIR"]).expanduser(), say)
-    todo = [b for b in BUILDS if not _is_built(b)]
+    todo = [b for b in BUILDS if (b.for_up or not for_up) and not _is_built(b)]
     if todo:
         _build_locked(todo, _go(), say)
     found: dict[str, Path] = {}
@@ -471,6 +489,13 @@ def ensure(progress: Progress | None = None) -> Binaries:
     kwok = next(b for b in BUILDS if b.name == "kwok")
     cni = next(b for b in BUILDS if b.name == "cni-plugins")
     return Binaries(found, tuple(kwok.bin_dir / "kwok-crds" / c for c in KWOK_CRDS), cni.bin_dir / CNI_DIR, built)
+
+
+def pending() -> list[Build]:
+    """What `gpulab up` does not wait for and is not built yet (nothing with GPULAB_BIN_DIR)."""
+    if os.environ.get("GPULAB_BIN_DIR"):
+        return []
+    return [b for b in BUILDS if not b.for_up and not _is_built(b)]
 
 
 def status_of(build: Build) -> bool:

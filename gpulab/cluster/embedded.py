@@ -11,9 +11,11 @@ Start order and why:
 4. ``kwok`` — node heartbeats and leases, and the kubelet's HTTP API
    (``kubectl logs``/``exec``) for every simulated node.
 5. ``node-agent`` — gpulab's simulated kubelet: makes (or adopts) the nodes'
-   shared network namespace, where the CNI plugins put every pod, and relays
-   the apiserver in as the ``kubernetes`` Service's endpoint
-   (:mod:`gpulab.runtime.network`); runs pods' containers, reports their
+   shared network namespace, where the CNI plugins put every pod, relays
+   the apiserver in as the ``kubernetes`` Service's endpoint and serves the
+   apiserver's egress into it (``--egress-selector-config-file``: pod and
+   Service proxies, logs, exec, aggregated APIs; :mod:`gpulab.runtime.network`);
+   runs pods' containers, reports their
    status, provisions local volumes, serves each node's resource metrics.
    ``metrics-server`` — the real one, behind the APIService
    ``v1beta1.metrics.k8s.io`` (``kubectl top``; :mod:`.metricsserver`).
@@ -32,6 +34,7 @@ and reused afterwards so kubeconfigs stay valid.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import stat
@@ -146,7 +149,7 @@ class EmbeddedCluster(StateDir):
             down = [c for c in wanted if c not in running]
             say(f"restarting stopped components: {', '.join(down)} (objects are kept)")
 
-        bins = binaries.ensure(say)
+        bins = binaries.ensure(say, for_up=True)
         started = time.monotonic()
         self._make_reachable(say)
         pki.ensure(self.pki)
@@ -195,9 +198,15 @@ class EmbeddedCluster(StateDir):
                 clusterdns.install(self.kubeconfig)
                 clusterdns.wait(self.kubeconfig, say)
         except BaseException as e:
-            # Leave nothing half-started behind: what this call started, it stops.
-            for name in reversed(started_now):
-                self.procs.stop(name)
+            # Leave nothing half-started behind: what this call started, it stops. If that stops the
+            # cluster (nothing of it runs any more), what outlives its components goes too, as in `down`:
+            # the node agent made the pod network's namespace, whose holder outlives the node agent.
+            try:
+                for name in reversed(started_now):
+                    self.procs.stop(name)
+            finally:
+                if not self.running():
+                    self._stop_leftovers(say)
             if isinstance(e, StartError):
                 raise ClusterError(str(e)) from None
             raise
@@ -285,6 +294,7 @@ class EmbeddedCluster(StateDir):
                 "--requestheader-extra-headers-prefix=X-Remote-Extra-",
                 f"--proxy-client-cert-file={p / 'front-proxy-client.crt'}",
                 f"--proxy-client-key-file={p / 'front-proxy-client.key'}",
+                *self._egress_selector(),
                 "--profiling=false", "--v=0",
             ], https_ok(f"https://127.0.0.1:{port}/readyz", p / "ca.crt", admin))
         if name == "kube-controller-manager":
@@ -346,6 +356,31 @@ class EmbeddedCluster(StateDir):
                              https_ok(f"https://127.0.0.1:{port}/livez", p / "ca.crt", admin))
         raise KeyError(name)
 
+    def _egress_selector(self) -> list[str]:
+        """kube-apiserver's way into the pod network, where it has one (not in GPULAB_SANDBOX=process).
+
+        The apiserver is a host process and the pod network gpulab's own namespace: everything it dials in
+        the cluster (the egress selection ``cluster``: ``pods/proxy`` and ``services/proxy``, the kubelet
+        API for logs, exec and port-forward, aggregated APIs, webhooks) goes as HTTP CONNECT over the node
+        agent's unix socket (:class:`gpulab.runtime.network.EgressProxy`), which dials pod and Service
+        addresses inside the network and ``localhost`` on the host. The socket comes with the node agent:
+        the apiserver starts and serves without it, and those requests fail until it is there.
+        """
+        if sandbox.kind() != "namespaces":
+            return []
+        uds = network.ClusterNetwork(self.root).dir / network.EGRESS_SOCKET
+        config = self.root / "egress-selector.yaml"
+        config.write_text("apiVersion: apiserver.k8s.io/v1beta1\n"
+                          "kind: EgressSelectorConfiguration\n"
+                          "egressSelections:\n"
+                          "- name: cluster\n"
+                          "  connection:\n"
+                          "    proxyProtocol: HTTPConnect\n"
+                          "    transport:\n"
+                          "      uds:\n"
+                          f"        udsName: {json.dumps(str(uds))}\n")
+        return [f"--egress-selector-config-file={config}"]
+
     def _client_flags(self, name: str, port: int) -> list[str]:
         """Flags kube-controller-manager and kube-scheduler share."""
         kubeconfig = self.root / "kubeconfigs" / f"{name}.yaml"
@@ -365,17 +400,14 @@ class EmbeddedCluster(StateDir):
             return self._down(purge, say)
 
     def _down(self, purge: bool, say: Say) -> str:
-        stopped = [n for n in reversed(COMPONENTS) if self.procs.stop(n)]
-        # Anything else recorded (an old component name) goes too.
-        for extra in self.procs.running():
-            self.procs.stop(extra)
-        # Containers outlive a killed node agent under their shims; with the node down, they stop.
-        orphans = shim.stop_orphans(self.root / "pods")
-        if orphans:
-            say(f"stopped {orphans} container(s) left running by a node agent that died")
-        # The pod network's namespace outlives a crash of its component; with the nodes down, it goes too.
-        network.stop_sandboxes(self.root)
-        network.ClusterNetwork(self.root).stop_holder()
+        try:
+            stopped = [n for n in reversed(COMPONENTS) if self.procs.stop(n)]
+            # Anything else recorded (an old component name) goes too.
+            for extra in self.procs.running():
+                self.procs.stop(extra)
+        finally:
+            # Also when stopping a component failed or was interrupted (Ctrl-C, a test run's SIGTERM).
+            self._stop_leftovers(say)
         if purge:
             from ..fakegpu.node import remove_socket_dirs
 
@@ -385,6 +417,20 @@ class EmbeddedCluster(StateDir):
         if not stopped:
             return "no cluster processes were running"
         return f"stopped {', '.join(stopped)}; state kept in {self.root} (`gpulab up` resumes it)"
+
+    def _stop_leftovers(self, say: Say) -> None:
+        """Stop what outlives the cluster's components, once they are stopped: whatever stops the cluster
+        (`down`, `reset`, a failed `up`) calls this."""
+        try:
+            # Containers outlive a killed node agent under their shims; with the node down, they stop.
+            orphans = shim.stop_orphans(self.root / "pods")
+            if orphans:
+                say(f"stopped {orphans} container(s) left running by a node agent that died")
+            network.stop_sandboxes(self.root)
+        finally:
+            # The pod network's namespace outlives a crash of the node agent that made it (its holder runs
+            # in a session of its own); with the nodes down, it goes too.
+            network.ClusterNetwork(self.root).stop_holder()
 
     def reset(self, topology_path: str | Path | None = None, say: Say = _say) -> str:
         with self._exclusive("gpulab reset", say):

@@ -43,6 +43,7 @@ from .. import paths, versions
 from . import binaries
 from .base import ClusterError, Say
 from .base import say_to_stderr as _say
+from ..fakegpu import llmserver
 from ..kube.names import OPERATOR_NAMESPACE
 from ..kube.statedir import StateDir
 from ..kube.topology import NodeSpec, Topology
@@ -54,6 +55,8 @@ NODE_IMAGE = versions.KIND_NODE_IMAGE
 DEFAULT_NAME = "gpulab"
 FAKEGPU_IMAGE = "gpulab.local/fakegpu:dev"
 DOCKERFILE = Path("images") / "fakegpu" / "Dockerfile"
+#: The images `up` builds and loads into the nodes: the GPU stack's, and the lessons' inference server.
+IMAGES = ((FAKEGPU_IMAGE, DOCKERFILE), (llmserver.IMAGE, Path("images") / "llm-server" / "Dockerfile"))
 NAMESPACE = OPERATOR_NAMESPACE
 
 #: Node labels telling the fake GPU stack what hardware a kind node "has";
@@ -379,11 +382,12 @@ class KindCluster(StateDir):
     def _install_stack(self, docker_exe: str, kind_exe: str, topo: Topology, say: Say) -> None:
         from ..kube import api
 
-        say(f"building {FAKEGPU_IMAGE} from {DOCKERFILE}")
-        _run([docker_exe, "build", "-f", str(paths.repo_root() / DOCKERFILE), "-t", FAKEGPU_IMAGE,
-              str(paths.repo_root())], "docker build of the fake GPU image")
-        say(f"loading {FAKEGPU_IMAGE} into the nodes")
-        _run([kind_exe, "load", "docker-image", FAKEGPU_IMAGE, "--name", self.name], "kind load docker-image")
+        for image, dockerfile in IMAGES:
+            say(f"building {image} from {dockerfile}")
+            _run([docker_exe, "build", "-f", str(paths.repo_root() / dockerfile), "-t", image,
+                  str(paths.repo_root())], f"docker build of {image}")
+            say(f"loading {image} into the nodes")
+            _run([kind_exe, "load", "docker-image", image, "--name", self.name], "kind load docker-image")
         self.pki.mkdir(parents=True, exist_ok=True)
         for f in ("ca.crt", "ca.key"):
             _run([docker_exe, "cp", f"{self.name}-control-plane:/etc/kubernetes/pki/{f}", str(self.pki / f)],

@@ -226,9 +226,15 @@ class Ledger:
 
     def gpu_utilization(self, gpu_uuid: str) -> int:
         """Percent of the physical GPU's compute in use (time-sliced programs add up to 100)."""
-        busy = sum(c.demand.utilization * u.compute_fraction
-                   for c in self._clients.values() for u in c.uses if u.gpu_uuid == gpu_uuid)
-        return min(100, int(round(busy)))
+        return min(100, self.gpu_demand(gpu_uuid))
+
+    def gpu_demand(self, gpu_uuid: str, without: Owner | None = None) -> int:
+        """What the programs on a physical GPU want of it, in percent: :meth:`gpu_utilization` before its
+        cap at 100 (two time-sliced programs that each want the whole GPU demand 200); ``without``
+        leaves one program out (what its neighbours want)."""
+        return int(round(sum(c.demand.utilization * u.compute_fraction
+                             for owner, c in self._clients.items() if owner != without
+                             for u in c.uses if u.gpu_uuid == gpu_uuid)))
 
     def pool_utilization(self, pool: str) -> int:
         """Percent of one device's compute in use (a MIG device, or a whole GPU)."""

@@ -47,16 +47,20 @@ agent keeps current (``GPULAB_NVIDIA_SMI_STATE``, schema in
 
 - a MIG device: its SMs over the whole GPU's (a 1g slice of an H100: 16/132);
   the neighbours in other slices do not matter, that is MIG's isolation;
-- a whole GPU: the neighbours' busy fraction ``n = max(0, utilization_gpu −
-  own) / 100``, where ``own`` is what this server had reported (below) when
-  the node wrote the file, and time-slicing gives ``1 / (1 + n)``: a fully
-  busy neighbour doubles latency;
+- a whole GPU: the neighbours' busy fraction ``n = min(1, neighbours / 100)``,
+  where ``neighbours`` is what the other programs on the card want of it
+  (``utilization_neighbours``, which the node agent writes into each
+  container's own file; a program that fixes its utilization, such as a
+  training job's 100 %, wants that much) — or, in a file without it,
+  ``utilization_gpu`` less ``own``, what this server had reported (below)
+  when the node wrote the file —, and time-slicing gives ``1 / (1 + n)``: a
+  fully busy neighbour doubles latency;
 - no state file (a container without a GPU): 1, said once in the log.
 
-The card's ``utilization_gpu`` stops at 100 %: when this server and its
-neighbours together want more than the card, ``n`` comes out lower than their
-real demand, so a saturated time-sliced card slows this server less than it
-would a real one (a busy neighbour next to a lightly loaded server is close).
+A neighbour that is itself slowed by this server reports what it got, not
+what it wanted, so two saturated servers on one card slow each other a
+little less than real ones would; a neighbour with a fixed utilization (the
+common case: a training job) is exact.
 
 The server's own GPU utilization goes back to the node through the file named
 by ``GPULAB_GPU_ACTIVITY`` (:data:`ACTIVITY_ENV`; the node agent gives each GPU
@@ -94,6 +98,8 @@ MODEL_FORMAT = "gpulab.llm-model/v1"
 MODEL_FILE = "model.json"
 #: The image whose program this is (any tag), and where the node agent mounts this file in its containers.
 IMAGE_REPOSITORY = "gpulab/llm-server"
+#: The image as the lessons name it (and as the kind backend builds it, images/llm-server/Dockerfile).
+IMAGE = f"{IMAGE_REPOSITORY}:0.1"
 CONTAINER_PATH = "/usr/local/bin/llm-server"
 SERVED_BY = "X-Served-By"  # response header: the hostname of the replica that answered
 HOSTNAME = socket.gethostname()
@@ -234,7 +240,10 @@ def device_share(state: dict | None, visible: str | None, own_percent: float = 0
                 shares.append((share, f"MIG {mig.get('profile', '?')} {mig.get('uuid', entry)}: "
                                       f"{sm:.0f} of {whole:.0f} SMs, compute share {share:.2f}", False))
             continue
-        busy = max(0.0, float(gpu.get("utilization_gpu") or 0) - own_percent) / 100
+        if "utilization_neighbours" in gpu:
+            busy = max(0.0, float(gpu["utilization_neighbours"] or 0)) / 100
+        else:
+            busy = max(0.0, float(gpu.get("utilization_gpu") or 0) - own_percent) / 100
         share = 1.0 / (1.0 + min(1.0, busy))
         shares.append((share, f"GPU {gpu.get('uuid', entry)} ({gpu.get('name', '?')}): neighbours "
                               f"{100 * busy:.0f}% busy, compute share {share:.2f}", True))

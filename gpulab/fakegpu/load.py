@@ -1,122 +1,147 @@
-"""Traffic on a GPU workload, as the utilisation its pods' CUDA programs show.
+"""Traffic that flows: ``gpulab load svc/NAME RPS`` runs a request generator against a Service.
 
-``gpulab load deploy/NAME 80`` says: the traffic this Deployment serves
-would keep one replica's GPU 80 % busy. Traffic is shared by the ready
-replicas, so each shows ``80 / replicas`` percent (at most 100). That is what
-lets an HPA on ``DCGM_FI_DEV_GPU_UTIL`` converge: with a target of 40 %, a
-load of 160 settles at 4 replicas, and a load of 0 brings it back to the
-minimum. The value lives in the annotation ``gpulab.io/gpu-load`` on the
-workload object itself (not its pod template, so setting it rolls nothing).
+The generator is a Deployment of one pod, ``load-NAME``, in the Service's
+namespace: the ``gpulab/llm-server`` image in its ``loadgen`` mode (see
+:mod:`gpulab.fakegpu.llmserver`), sending OpenAI completions at a fixed rate
+to ``http://NAME.NAMESPACE.svc:PORT/v1/completions`` through cluster DNS and
+kube-proxy, as any client in the cluster would, until it is stopped. The
+replicas that answer compute for each request, and the GPU utilization they
+report reaches nvidia-smi, the DCGM exporter and whatever scales on it: an HPA
+on ``DCGM_FI_DEV_GPU_UTIL`` sees the traffic that really arrives, shared the
+way kube-proxy shares it among the ready endpoints.
+
+``gpulab load svc/llm 0`` deletes the generator; a new rate replaces the
+running one (a rolling update of its Deployment). Everything it creates is an
+ordinary object a learner can read (``kubectl get deploy load-llm -o yaml``,
+``kubectl logs deploy/load-llm``: one line per second).
 
 A pod's own ``gpulab.io/gpu-utilization`` annotation (see
-:mod:`gpulab.fakegpu.ledger`) is a fixed load for that pod alone and wins.
+:mod:`gpulab.fakegpu.ledger`) is a fixed load that needs no traffic.
 """
 
 from __future__ import annotations
 
 import re
-import threading
-import time
 from typing import Any
 
 from ..kube import api
+from .llmserver import IMAGE, MAX_TOKENS_LIMIT
 
-ANNOTATION = "gpulab.io/gpu-load"
-KINDS = {"deploy": "Deployment", "deployment": "Deployment", "deployments": "Deployment",
-         "sts": "StatefulSet", "statefulset": "StatefulSet", "statefulsets": "StatefulSet",
-         "rs": "ReplicaSet", "replicaset": "ReplicaSet", "replicasets": "ReplicaSet"}
-MAX_LOAD = 10000
+KINDS = ("svc", "service", "services")
+MAX_RPS = 1000
+PATH = "/v1/completions"
+#: The generator's labels: what it is, and which Service it loads.
+COMPONENT_LABEL = "app.kubernetes.io/name"
+COMPONENT = "gpulab-load"
+TARGET_LABEL = "gpulab.io/load-target"
 
 
 class LoadError(ValueError):
-    """A malformed target or load value; the message says what is allowed."""
+    """A malformed target or rate, or a Service that cannot take traffic; the message says what is allowed."""
 
 
-def parse_target(target: str) -> tuple[str, str]:
-    """``deploy/web`` -> ("Deployment", "web")."""
+def parse_target(target: str) -> str:
+    """``svc/llm`` -> ``"llm"``."""
     kind, sep, name = target.partition("/")
     if not sep or not name:
-        raise LoadError(f"target {target!r}: expected KIND/NAME, e.g. deploy/llm-server "
-                        f"(kinds: {', '.join(sorted(set(KINDS)))})")
+        raise LoadError(f"target {target!r}: expected svc/NAME, the Service that receives the requests "
+                        f"(e.g. svc/llm)")
     if kind.lower() not in KINDS:
-        raise LoadError(f"target {target!r}: unknown kind {kind!r}; allowed: {', '.join(sorted(set(KINDS)))}")
-    if not re.fullmatch(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?", name):
-        raise LoadError(f"target {target!r}: {name!r} is not a valid object name")
-    return KINDS[kind.lower()], name
+        raise LoadError(f"target {target!r}: traffic goes to a Service, not a {kind!r}; "
+                        f"use svc/NAME (kinds: {', '.join(KINDS)})")
+    if not re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", name) or len(name) > 63:
+        raise LoadError(f"target {target!r}: {name!r} is not a valid Service name "
+                        f"(lowercase letters, digits and '-', starting with a letter, at most 63)")
+    return name
 
 
-def parse_load(value: str) -> float:
-    """A load in percent of one GPU: a number from 0 to 10000 (a trailing % is allowed)."""
-    text = str(value).strip().rstrip("%").strip()
+def parse_rps(value: str) -> float:
+    """Requests per second: a number from 0 (stop) to :data:`MAX_RPS`."""
     try:
-        load = float(text)
+        rps = float(str(value).strip())
     except ValueError:
-        raise LoadError(f"load {value!r}: expected a number of percent of one GPU, e.g. 80 or 250") from None
-    if load != load or load < 0 or load > MAX_LOAD:  # NaN fails the first test
-        raise LoadError(f"load {value!r}: must be between 0 and {MAX_LOAD} (percent of one GPU's compute)")
-    return load
+        raise LoadError(f"rate {value!r}: expected requests per second, a number such as 5 or 0.5 "
+                        f"(0 stops the traffic)") from None
+    if rps != rps or rps < 0 or rps > MAX_RPS:  # NaN fails the first test
+        raise LoadError(f"rate {value!r}: must be between 0 and {MAX_RPS} requests per second")
+    return rps
 
 
-def set_load(client: api.Client, target: str, value: str, namespace: str) -> str:
-    kind, name = parse_target(target)
-    load = parse_load(value)
-    if client.get(kind, name, namespace) is None:
-        raise LoadError(f"{kind} {namespace}/{name} not found")
-    text = f"{load:g}"
-    client.patch(kind, name, {"metadata": {"annotations": {ANNOTATION: text}}}, namespace)
-    return f"{kind.lower()}.apps/{name} load set to {text}% of one GPU, shared by its ready replicas"
+def parse_max_tokens(value: int) -> int:
+    if not 1 <= value <= MAX_TOKENS_LIMIT:
+        raise LoadError(f"--max-tokens {value}: must be between 1 and {MAX_TOKENS_LIMIT}")
+    return value
 
 
-class LoadModel:
-    """Per-pod utilisation from workload loads; caches owner lookups for a few seconds."""
+def generator_name(service: str) -> str:
+    return f"load-{service}"[:63].rstrip("-")
 
-    def __init__(self, client: api.Client, ttl: float = 2.0):
-        self.client = client
-        self.ttl = ttl
-        self._cache: dict[tuple[str, str, str], tuple[float, dict[str, Any] | None]] = {}
-        self._lock = threading.Lock()
 
-    def _get(self, kind: str, name: str, ns: str) -> dict[str, Any] | None:
-        key = (kind, name, ns)
-        now = time.monotonic()
-        with self._lock:
-            hit = self._cache.get(key)
-            if hit and now - hit[0] < self.ttl:
-                return hit[1]
-        obj = self.client.get(kind, name, ns)
-        with self._lock:
-            self._cache[key] = (now, obj)
-        return obj
+def service_url(service: dict[str, Any], port: str | None = None) -> str:
+    """The completions URL of ``service`` by its DNS name; ``port`` picks one of its ports (name or number)."""
+    meta, ports = service["metadata"], (service.get("spec") or {}).get("ports") or []
+    where = f"Service {meta.get('namespace', 'default')}/{meta['name']}"
+    if (service.get("spec") or {}).get("clusterIP") == "None":
+        raise LoadError(f"{where} is headless (clusterIP: None): it has no virtual IP for kube-proxy to "
+                        f"balance; send traffic to a Service with a ClusterIP")
+    if not ports:
+        raise LoadError(f"{where} has no ports")
+    if port is None:
+        chosen = ports[0]
+    else:
+        chosen = next((p for p in ports if port in (p.get("name"), str(p.get("port")))), None)
+        if chosen is None:
+            allowed = ", ".join(f"{p.get('name') or '-'}:{p['port']}" for p in ports)
+            raise LoadError(f"{where} has no port {port!r}; its ports: {allowed}")
+    return f"http://{meta['name']}.{meta.get('namespace', 'default')}.svc:{chosen['port']}{PATH}"
 
-    def workload(self, pod: dict[str, Any]) -> dict[str, Any] | None:
-        """The Deployment/StatefulSet/ReplicaSet carrying a load for this pod, if any."""
-        ns = pod["metadata"].get("namespace", "default")
-        for ref in pod["metadata"].get("ownerReferences") or []:
-            if ref.get("kind") == "ReplicaSet":
-                rs = self._get("ReplicaSet", ref["name"], ns)
-                if rs is None:
-                    return None
-                for up in rs["metadata"].get("ownerReferences") or []:
-                    if up.get("kind") == "Deployment":
-                        dep = self._get("Deployment", up["name"], ns)
-                        if dep and ANNOTATION in (dep["metadata"].get("annotations") or {}):
-                            return dep
-                if ANNOTATION in (rs["metadata"].get("annotations") or {}):
-                    return rs
-            elif ref.get("kind") == "StatefulSet":
-                sts = self._get("StatefulSet", ref["name"], ns)
-                if sts and ANNOTATION in (sts["metadata"].get("annotations") or {}):
-                    return sts
-        return None
 
-    def utilization(self, pod: dict[str, Any]) -> float | None:
-        """Percent busy for this pod from its workload's load, or None if no load is set."""
-        wl = self.workload(pod)
-        if wl is None:
-            return None
-        try:
-            load = parse_load(wl["metadata"]["annotations"][ANNOTATION])
-        except LoadError:
-            return None
-        replicas = max(1, int((wl.get("status") or {}).get("readyReplicas") or 1))
-        return min(100.0, load / replicas)
+def generator(service: dict[str, Any], rps: float, max_tokens: int = 16, port: str | None = None) -> dict[str, Any]:
+    """The Deployment that sends ``rps`` completions per second to ``service``."""
+    name = service["metadata"]["name"]
+    labels = {COMPONENT_LABEL: COMPONENT, TARGET_LABEL: name}
+    return {
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": generator_name(name), "namespace": service["metadata"].get("namespace", "default"),
+                     "labels": labels},
+        "spec": {
+            "replicas": 1,
+            # The old rate stops before the new one starts: never both at once.
+            "strategy": {"type": "Recreate"},
+            "selector": {"matchLabels": labels},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {
+                    "terminationGracePeriodSeconds": 2,
+                    "containers": [{
+                        "name": "loadgen", "image": IMAGE,
+                        "args": ["loadgen", service_url(service, port), "--rps", f"{rps:g}", "--duration", "0",
+                                 "--max-tokens", str(max_tokens)],
+                        "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}},
+                    }],
+                },
+            },
+        },
+    }
+
+
+def set_load(client: api.Client, target: str, rps: str, namespace: str, max_tokens: int = 16,
+             port: str | None = None) -> str:
+    """Start, change or (rate 0) stop the traffic to ``target``; returns what was done, in one line."""
+    name, rate = parse_target(target), parse_rps(rps)
+    parse_max_tokens(max_tokens)
+    service = client.get("Service", name, namespace)
+    if service is None:
+        raise LoadError(f"Service {namespace}/{name} not found (kubectl -n {namespace} get services)")
+    deployment = generator_name(name)
+    if rate == 0:
+        if client.get("Deployment", deployment, namespace) is None:
+            return f"no traffic to service/{name}: nothing to stop"
+        client.delete("Deployment", deployment, namespace)
+        return f"deployment.apps/{deployment} deleted: no more traffic to service/{name}"
+    manifest = generator(service, rate, max_tokens, port)
+    url = manifest["spec"]["template"]["spec"]["containers"][0]["args"][1]
+    verb = "configured" if client.get("Deployment", deployment, namespace) is not None else "created"
+    client.apply(manifest)
+    return (f"deployment.apps/{deployment} {verb}: {rate:g} requests/s of {max_tokens} tokens to {url} "
+            f"(kubectl logs deploy/{deployment} -f)")

@@ -29,6 +29,7 @@ directory.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -56,7 +57,6 @@ from .gfd import CUDA_DRIVER_VERSION, DRIVER_VERSION
 
 if TYPE_CHECKING:
     from ..kube.topology import NodeSpec
-    from .load import LoadModel
     from .stack import GpuStack
 
 log = logging.getLogger("gpulab.fakegpu")
@@ -176,7 +176,7 @@ class GpuNode:
         self._pods: dict[str, str] = {}                 # pod UID -> "namespace/name"
         self._state_files: dict[tuple[str, str], tuple[Path, tuple[int, ...]]] = {}
         self._running: dict[tuple[str, str], bool] = {}  # owner -> is a CUDA program
-        # GPU containers that declared no CUDA program: traffic (a workload's load) makes them one.
+        # GPU containers that declared no CUDA program: computing (a server's reported utilization) makes them one.
         self._idle: dict[tuple[str, str], str] = {}       # owner -> process name
         self._pending: dict[tuple[str, str], ledgermod.Kill] = {}
         self._status = NodeStatusWriter(stack.client, spec.name)
@@ -330,8 +330,11 @@ class GpuNode:
             smistate.write_state(str(self.container_state_path), inside)
             for path in (self.smi_state_path, self.container_state_path):
                 path.chmod(0o644)
-            for path, gpus in self._state_files.values():
-                view = dict(inside, gpus=[g for g in inside["gpus"] if g["index"] in gpus])
+            for owner, (path, gpus) in self._state_files.items():
+                # What the container's neighbours on each of its GPUs want (gpulab's own field, read by
+                # programs that model time-slicing, such as gpulab/llm-server).
+                view = dict(inside, gpus=[dict(g, utilization_neighbours=self.ledger.gpu_demand(g["uuid"], owner))
+                                          for g in inside["gpus"] if g["index"] in gpus])
                 try:
                     smistate.write_state(str(path), view)
                     path.chmod(0o644)
@@ -583,37 +586,34 @@ class GpuNode:
             for key in [k for k in self._state_files if k[0] == uid]:
                 path, _ = self._state_files.pop(key)
                 path.unlink(missing_ok=True)
+                with contextlib.suppress(OSError):  # its allocation's directory, mounted in the container
+                    path.parent.rmdir()
             for activity in (self.gpu_dir / "activity").glob(f"{uid}_*"):
                 shutil.rmtree(activity, ignore_errors=True)
         self.refresh()
 
     def has_programs(self) -> bool:
         with self.lock:
-            return bool(self._running)
+            return bool(self._running or self._idle)
 
-    def apply_load(self, pods: dict[str, dict[str, Any]], model: "LoadModel") -> bool:
-        """Set each GPU container's utilisation from its workload's load; True if any changed.
+    def apply_load(self, pods: dict[str, dict[str, Any]]) -> bool:
+        """Set each GPU container's utilisation from what its program reports computing; True if any changed.
 
         ``pods`` are this node's pods as the API has them now (by UID). A
         container's own ``gpulab.io/gpu-utilization`` annotation wins; then what
         its program reports it computes (:meth:`reported_utilization`, a
-        measurement: Ready or not); otherwise a pod that is not Ready gets no
-        traffic, so it computes nothing.
+        measurement: the traffic that reached it); a container that reports
+        nothing computes nothing.
         """
         with self.lock:
-            owners = list(self._running)
-        # Owner lookups go to the API: not under the node's lock.
+            owners = list(self._running) + list(self._idle)
         wanted: dict[tuple[str, str], int] = {}
         for owner in owners:
             pod = pods.get(owner[0])
             if pod is None or ledgermod.declares_utilization(pod, owner[1]):
                 continue
             reported = self.reported_utilization(owner)
-            if reported is not None:
-                wanted[owner] = reported
-                continue
-            share = model.utilization(pod) if _is_ready(pod) else None
-            wanted[owner] = int(round(share or 0))
+            wanted[owner] = reported if reported is not None else 0
         changed = False
         with self.lock:
             for owner, util in wanted.items():
@@ -648,9 +648,6 @@ class GpuNode:
             return self.ledger.pool_utilization(mig_uuid) / 100
 
 
-def _is_ready(pod: dict[str, Any]) -> bool:
-    conditions = (pod.get("status") or {}).get("conditions") or []
-    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
 
 
 def _pid(owner: tuple[str, str]) -> int:

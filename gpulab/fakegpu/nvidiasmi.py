@@ -37,6 +37,9 @@ State file schema (``"schema": "gpulab.nvidia-smi/v1"``); every field but
         "memory_total_mib": 143771, "memory_reserved_mib": 616, "memory_used_mib": 0,
         "bar1_total_mib": 262144, "bar1_used_mib": 1,
         "utilization_gpu": 0, "utilization_memory": 0,
+        "utilization_neighbours": 0,          # gpulab's own, never printed, only in a container's
+                                              # file: what the other programs on this GPU want of
+                                              # it, in percent, not capped at 100
         "temperature_gpu": 38, "temperature_memory": 39 | null,
         "temperature_shutdown": 92, "temperature_slowdown": 89, "temperature_max_operating": 87,
         "power_draw_w": 118.0, "power_limit_w": 700.0, "power_default_limit_w": 700.0,

@@ -17,8 +17,6 @@ Pod annotations it reads and writes:
 
 - ``gpulab.io/gpu-memory`` / ``gpulab.io/gpu-utilization`` (read): what a
   container's CUDA program uses, see :mod:`gpulab.fakegpu.ledger`;
-- ``gpulab.io/gpu-load`` on Deployments/StatefulSets/ReplicaSets (read):
-  the traffic their ready pods share, see :mod:`gpulab.fakegpu.load`;
 - ``gpulab.io/allocated-devices`` (written after admission): the devices
   the kubelet gave each container, ``{"<container>": {"<resource>": [IDs]}}``.
 """
@@ -35,7 +33,6 @@ from ..kube import events
 from ..kube.names import OPERATOR_COMPONENT
 from ..kube.statedir import StateDir
 from ..runtime.devices import ContainerKill, DeviceGrant
-from .load import LoadModel
 from .node import GpuNode
 
 log = logging.getLogger("gpulab.fakegpu")
@@ -120,7 +117,6 @@ class GpuStack:
         self.nodes_informer = Informer(self.client, "Node", self.notify)
         self.policies = Informer(self.client, "ClusterPolicy", self.notify)
         self.gpu_nodes: dict[str, GpuNode] = {}
-        self.load_model = LoadModel(self.client)
         for spec in self._topology().gpu_nodes:
             self.gpu_nodes[spec.name] = GpuNode(self, spec, self.cluster_dir)
         from . import monitoring, operands, operator
@@ -161,8 +157,8 @@ class GpuStack:
                 self.notify()
 
     def _apply_loads(self, stop: threading.Event, every: float = 2.0) -> None:
-        # Traffic moves with replicas and readiness, so utilisation is
-        # recomputed from the API's view of the pods every few seconds.
+        # Programs report what they compute (the traffic that reached them): every few seconds
+        # their reports go into the ledger, unless the pod fixes its utilisation by annotation.
         while not stop.wait(every):
             busy = [n for n in self.gpu_nodes.values() if n.has_programs()]
             if not busy:
@@ -177,7 +173,7 @@ class GpuStack:
                 by_node.setdefault((pod.get("spec") or {}).get("nodeName", ""), {})[pod["metadata"]["uid"]] = pod
             for node in busy:
                 try:
-                    node.apply_load(by_node.get(node.name, {}), self.load_model)
+                    node.apply_load(by_node.get(node.name, {}))
                 except Exception:
                     log.exception("cannot apply GPU load on %s", node.name)
 

@@ -32,6 +32,7 @@ Helpers, all usable after ``from gpulab.notebook import *``:
 ``plot_allocation()``  nvidia.com/gpu per node: who holds which card count
 ``plot_card_memory()`` how model replicas fit in a card's memory, per sharing scheme
 ``plot_gpu_memory()``  what the pods on each physical GPU asked of its memory, and who failed
+``plot_latency()``     p50 and p99 latency of the same requests under each set-up
 ``watch_pods()``       record pod states over time; ``.plot()`` draws a timeline
 ``expect(ok, what)``   a lesson's self-check: prints ✓, or fails the cell with ×
 ``show_quiz(s)``       the section's quiz (from :mod:`gpulab.quiz`)
@@ -66,7 +67,7 @@ from .lesson import Changes, Lab, reset_lesson, setup
 from .logs import LogFollower, follow_logs
 from .manifest import apply, delete, show_manifest
 from .metrics import custom_metrics, dcgm_metrics
-from .plots import plot_allocation, plot_card_memory, plot_gpu_memory
+from .plots import plot_allocation, plot_card_memory, plot_gpu_memory, plot_latency
 from .pod import GPU, pending_reason, placements, pod_gpus, pod_status, pods, wait_pods
 from .quiz import show_quiz
 from .service import endpoints
@@ -85,7 +86,7 @@ __all__ = [
     "wait_for", "wait_pods", "wait_job", "pods", "pod_status", "pod_gpus", "pending_reason", "placements", "nodes",
     "gpu_pods", "gpu_allocation", "events", "endpoints", "follow_logs", "LogFollower",
     # showing
-    "Table", "plot_allocation", "plot_card_memory", "plot_gpu_memory", "watch_pods", "Timeline",
+    "Table", "plot_allocation", "plot_card_memory", "plot_gpu_memory", "plot_latency", "watch_pods", "Timeline",
     # checking
     "expect", "show_quiz", "Changes", "GPU", "REPO",
     # monitoring and cost

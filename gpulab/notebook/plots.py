@@ -16,7 +16,7 @@ from typing import Any
 
 from .gpus import gpu_allocation, gpu_pods
 
-__all__ = ["plot_allocation", "plot_card_memory", "plot_gpu_memory", "new_figure", "show_figure"]
+__all__ = ["plot_allocation", "plot_card_memory", "plot_gpu_memory", "plot_latency", "new_figure", "show_figure"]
 
 # The face of the Noto Sans CJK collection for zh-CN (its simplified-Chinese glyph forms).
 CJK_FONT = "Noto Sans CJK SC"
@@ -159,6 +159,27 @@ def plot_card_memory(card_mib: int, replica_mib: int, schemes: Sequence[tuple[st
     ax.set_xlim(0, card_mib)
     ax.set_xlabel(f"一张卡的显存（MiB）。深色：每个副本 {replica_mib} MiB；浅色：余量；斜线：实例太小；灰色：未使用")
     ax.set_title(title or "每张卡能放几个副本")
+    return show_figure(fig, show)
+
+
+def plot_latency(rows: Sequence[tuple[str, float, float]], title: str | None = None, show: bool = True) -> Any:
+    """p50 and p99 latency (ms) of the same requests under each set-up: ``(name, p50_ms, p99_ms)`` per row.
+
+    A pair of bars per set-up, p50 dark and p99 light, each labelled with its value.
+    """
+    fig = new_figure(9, 1.0 + 0.6 * max(1, len(rows)))
+    ax = fig.add_subplot()
+    ys = range(len(rows))
+    for offset, index, colour, label in ((-0.2, 1, "#0969da", "p50"), (0.2, 2, "#9ecbff", "p99")):
+        values = [row[index] for row in rows]
+        bars = ax.barh([y + offset for y in ys], values, height=0.38, color=colour, label=label)
+        ax.bar_label(bars, labels=[f"{v:.0f} ms" for v in values], padding=3, fontsize=9)
+    ax.set_yticks(list(ys), [row[0] for row in rows])
+    ax.invert_yaxis()
+    ax.set_xlim(0, 1.2 * max((max(r[1], r[2]) for r in rows), default=1))
+    ax.set_xlabel("一次补全请求的延迟（毫秒），在集群里经 Service 测得")
+    ax.legend(loc="lower right")
+    ax.set_title(title or "同一个推理服务的延迟：p50 与 p99")
     return show_figure(fig, show)
 
 

@@ -96,8 +96,16 @@ def host_program(name: str, where: str = "/usr/bin") -> str:
 AGNHOST_REPOSITORY = "registry.k8s.io/e2e-test-images/agnhost"
 
 
+#: More of the image, as its Dockerfile adds them to / (its working directory): porter's TLS certificate and
+#: key, which `agnhost porter` opens as ``localhost.crt``/``localhost.key``. `gpulab build` copies them from the
+#: module's test/images/agnhost/ beside the program, at these paths.
+AGNHOST_FILES = ("porter/localhost.crt", "porter/localhost.key")
+
+
 def agnhost_images(binary: Path) -> list[Entrypoint]:
-    return [Entrypoint(AGNHOST_REPOSITORY, ("/agnhost",), binary, cmd=("pause",))]
+    # (Ready binaries in GPULAB_BIN_DIR may come without them: then only porter's TLS ports fail.)
+    files = tuple((binary.parent / f, "/" + Path(f).name) for f in AGNHOST_FILES if (binary.parent / f).is_file())
+    return [Entrypoint(AGNHOST_REPOSITORY, ("/agnhost",), binary, cmd=("pause",), files=files)]
 
 
 def busybox_images() -> list[Entrypoint]:

@@ -19,7 +19,9 @@ Three pieces, one module:
   the containers of a pod share ``localhost``.
 - dialling into the network from the host (:meth:`ClusterNetwork.dial`):
   probes, port-forwards and readiness checks get a TCP socket connected
-  inside the namespace.
+  inside the namespace; so does kube-apiserver, through its egress
+  selector (:class:`EgressProxy`, an HTTP CONNECT server the host half
+  serves): ``pods/proxy``, ``services/proxy``, webhooks on a ClusterIP.
 
 Where namespaces cannot be made (``GPULAB_SANDBOX=process``) there is no pod
 network: the CNI IPAM plugin still gives each pod its IP from the node's
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import ipaddress
 import json
 import logging
 import os
@@ -41,11 +44,11 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from .. import _poll, _proc
 from .._fsutil import atomic_write_json, socket_home
-from ..kube.names import API_ADDRESS
+from ..kube.names import API_ADDRESS, POD_CIDR, SERVICE_CIDR
 from . import netholder
 from .netholder import splice
 
@@ -59,6 +62,9 @@ HOLDER_FILE = "holder.json"
 POD_FILE = "network.json"
 TOOL_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 START_TIMEOUT = 15.0
+#: kube-apiserver's egress to the cluster (``--egress-selector-config-file``): an HTTP CONNECT server on
+#: this unix socket in the network's directory, served by the host half (:class:`EgressProxy`).
+EGRESS_SOCKET = "egress.sock"
 
 
 class NetworkError(RuntimeError):
@@ -173,6 +179,9 @@ class ClusterNetwork:
             proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
                                     start_new_session=True, close_fds=True,
                                     env=dict(os.environ, PATH=f"{os.environ.get('PATH', '')}:{TOOL_PATH}"))
+        # Recorded at once, not once it serves: a node agent stopped while it waits here (a failed
+        # `gpulab up` stops it) leaves a holder that `gpulab down` finds and stops.
+        atomic_write_json(self.dir / HOLDER_FILE, {"pid": proc.pid, "start": _proc.started(proc.pid)})
 
         def serving() -> bool:
             if proc.poll() is not None:
@@ -187,7 +196,6 @@ class ClusterNetwork:
                                 f"(log: {self.dir / 'holder.log'})")
 
         _poll.until(serving, START_TIMEOUT, timed_out, interval=0.02)
-        atomic_write_json(self.dir / HOLDER_FILE, {"pid": proc.pid, "start": _proc.started(proc.pid)})
         return proc.pid
 
     def stop_holder(self) -> bool:
@@ -200,19 +208,210 @@ class ClusterNetwork:
         return True
 
 
+def dial_host(host: str, port: int, timeout: float) -> socket.socket:
+    """A TCP connection on the host's own network (its loopback: the apiserver, KWOK, metrics servers),
+    blocking once connected; raises :class:`DialError` with Go's wording."""
+    try:
+        sock = socket.create_connection((host, port), timeout=timeout)
+    except OSError as e:
+        raise DialError(netholder.go_error(e)) from None
+    sock.settimeout(None)
+    return sock
+
+
+class UnixServer:
+    """A unix socket (mode 0600) in the network's directory; a thread of its own handles each connection."""
+
+    def __init__(self, path: Path, handle: Callable[[socket.socket], None], name: str):
+        self.path = path
+        self.handle = handle
+        self.name = name
+        self._server: socket.socket | None = None
+
+    def start(self) -> None:
+        self.path.unlink(missing_ok=True)
+        server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        server.bind(str(self.path))
+        self.path.chmod(0o600)
+        server.listen(128)
+        self._server = server
+        threading.Thread(target=self._serve, args=(server,), daemon=True, name=self.name).start()
+
+    def _serve(self, server: socket.socket) -> None:
+        while True:
+            try:
+                client, _ = server.accept()
+            except OSError:
+                return  # stopped
+            threading.Thread(target=self._one, args=(client,), daemon=True, name=f"{self.name}-conn").start()
+
+    def _one(self, client: socket.socket) -> None:
+        try:
+            self.handle(client)
+        except Exception:  # one connection's trouble never ends the server
+            log.exception("%s: a connection failed", self.name)
+            client.close()
+
+    def stop(self) -> None:
+        if self._server is not None:
+            with contextlib.suppress(OSError):
+                self._server.shutdown(socket.SHUT_RDWR)
+            self._server.close()
+            self._server = None
+            self.path.unlink(missing_ok=True)
+
+
+class EgressRefused(ValueError):
+    """An egress destination that is neither in the cluster network nor the host's loopback."""
+
+
+class NotConnect(ValueError):
+    """An HTTP request other than CONNECT (answered 405)."""
+
+
+#: What the egress dials inside the pod network: pods, Services, and the apiserver's own address there.
+EGRESS_NETWORK = tuple(ipaddress.ip_network(c) for c in (POD_CIDR, SERVICE_CIDR, f"{API_ADDRESS}/32"))
+EGRESS_HOST, EGRESS_POD_NETWORK = "host", "pod network"
+
+
+def egress_route(host: str) -> tuple[str, str]:
+    """Where kube-apiserver's egress dials ``host``, and the address: (``"host"``, its loopback) for
+    ``localhost`` and 127.0.0.0/8 (KWOK's kubelet API at a node's InternalIP, and the metrics servers behind
+    ``localhost`` ExternalName Services), (``"pod network"``, the IP) for pod and Service addresses.
+    Raises :class:`EgressRefused` for anything else: a name is never resolved, the host's network is not
+    the cluster's."""
+    if host.lower() == "localhost":
+        return EGRESS_HOST, "127.0.0.1"
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        raise EgressRefused(f"{host} is not an address of the cluster (only localhost, 127.0.0.0/8 and the "
+                            f"pod and Service networks {POD_CIDR}, {SERVICE_CIDR} are reached)") from None
+    if ip.is_loopback:
+        return EGRESS_HOST, str(ip)
+    if any(ip in net for net in EGRESS_NETWORK):
+        return EGRESS_POD_NETWORK, str(ip)
+    raise EgressRefused(f"{ip} is outside the cluster (only localhost, 127.0.0.0/8 and the pod and Service "
+                        f"networks {POD_CIDR}, {SERVICE_CIDR} are reached)")
+
+
+def parse_connect(head: bytes) -> tuple[str, int]:
+    """``CONNECT host:port HTTP/1.1`` (the first line of ``head``) → (host, port); ValueError says why not."""
+    line = head.split(b"\r\n", 1)[0].decode("latin-1")
+    parts = line.split()
+    if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
+        raise ValueError(f"not an HTTP/1 request line: {line[:100]!r}")
+    method, target, _ = parts
+    if method != "CONNECT":
+        raise NotConnect(f"only CONNECT is served, not {method}")
+    host, sep, port = target.rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"not host:port: {target[:100]!r}")
+    return host, int(port)
+
+
+def _answer(code: int, reason: str = "") -> bytes:
+    """A CONNECT answer; a refusal's reason is on its status line too, which kube-apiserver's error quotes."""
+    phrase = {200: "Connection established", 400: "Bad Request", 403: "Forbidden", 405: "Method Not Allowed",
+              502: "Bad Gateway"}[code]
+    if code == 200:
+        return f"HTTP/1.1 200 {phrase}\r\n\r\n".encode()
+    reason = " ".join(reason.split())  # one line
+    body = f"{reason}\n".encode()
+    return (f"HTTP/1.1 {code} {phrase} ({reason})\r\nContent-Type: text/plain; charset=utf-8\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode() + body
+
+
+class EgressProxy:
+    """kube-apiserver's egress to the cluster: the egress selection ``cluster`` (``HTTPConnect`` over a unix
+    socket), for everything the apiserver dials in the cluster — ``pods/proxy`` and ``services/proxy``, the
+    kubelet API (logs, exec, port-forward), aggregated APIs and webhooks.
+
+    kube-apiserver is a host process; the pod network is gpulab's own namespace, which it cannot reach.
+    This is how a control plane reaches a cluster network it is not on (Konnectivity's HTTP CONNECT mode):
+    each connection is ``CONNECT host:port HTTP/1.1`` and headers; pod and Service addresses are dialled
+    inside the pod network (``dial_network``: the holder's dial), ``localhost`` and 127.0.0.0/8 on the host;
+    then ``200 Connection established`` and the bytes both ways. Anything else gets 403, a failed dial 502,
+    each with a one-line reason.
+    """
+
+    HEAD_LIMIT = 16384
+    HEAD_TIMEOUT = 10.0
+    DIAL_TIMEOUT = 10.0
+
+    def __init__(self, dial_network: Callable[[str, int, float], socket.socket],
+                 dial_host: Callable[[str, int, float], socket.socket] = dial_host):
+        self.dial_network = dial_network
+        self.dial_host = dial_host
+
+    def handle(self, client: socket.socket) -> None:
+        """Serve one connection: the CONNECT request, the dial, then the splice (or a refusal)."""
+        client.settimeout(self.HEAD_TIMEOUT)
+        head, rest = b"", b""
+        try:
+            while b"\r\n\r\n" not in head:
+                data = client.recv(4096)
+                if not data:
+                    client.close()
+                    return
+                head += data
+                if len(head) > self.HEAD_LIMIT and b"\r\n\r\n" not in head:
+                    raise ValueError(f"no end of the request's headers within {self.HEAD_LIMIT} bytes")
+            head, rest = head.split(b"\r\n\r\n", 1)
+            host, port = parse_connect(head)
+        except (OSError, ValueError) as e:
+            self._refuse(client, 405 if isinstance(e, NotConnect) else 400, str(e))
+            return
+        try:
+            where, address = egress_route(host)
+        except EgressRefused as e:
+            log.info("egress: refused CONNECT %s:%d: %s", host, port, e)
+            self._refuse(client, 403, str(e))
+            return
+        dial = self.dial_host if where == EGRESS_HOST else self.dial_network
+        try:
+            upstream = dial(address, port, self.DIAL_TIMEOUT)
+        except (DialError, NetworkError, OSError) as e:
+            detail = e.detail if isinstance(e, DialError) else str(e)
+            self._refuse(client, 502, f"dial tcp {host}:{port} ({where}): {detail}")
+            return
+        try:
+            client.settimeout(None)
+            client.sendall(_answer(200))
+            if rest:  # (a client speaks after the answer; should one not wait, nothing is lost)
+                upstream.sendall(rest)
+        except OSError:
+            client.close()
+            upstream.close()
+            return
+        splice(client, upstream)
+
+    @staticmethod
+    def _refuse(client: socket.socket, code: int, reason: str) -> None:
+        with contextlib.suppress(OSError):
+            client.sendall(_answer(code, reason))
+        client.close()
+
+
 class ApiRelay:
-    """The host half of the pod network, run by the node agent: it starts (or adopts) the holder and
-    relays the apiserver into the namespace, as the ``kubernetes`` Service's endpoint.
+    """The host half of the pod network, run by the node agent: it starts (or adopts) the holder, relays
+    the apiserver into the namespace, as the ``kubernetes`` Service's endpoint, and serves the apiserver's
+    way into it (:class:`EgressProxy`, on ``EGRESS_SOCKET``).
 
     The namespace outlives the node agent (a crash of it loses no pod's network: the next one adopts
     the holder it finds); ``gpulab down`` stops the pods' sandboxes and the holder after the agent.
+    While no node agent runs, the apiserver still serves; what it dials in the cluster (logs, exec,
+    proxies, aggregated APIs) fails until the egress socket is back.
     """
 
     def __init__(self, cluster_dir: Path, api_port: int):
         self.network = ClusterNetwork(cluster_dir)
         self.api_port = api_port
-        self._server: socket.socket | None = None
-        self._thread: threading.Thread | None = None
+        self.servers = [UnixServer(self.network.dir / netholder.API_SOCKET, self._relay, "apiserver-relay"),
+                        UnixServer(self.network.dir / EGRESS_SOCKET, EgressProxy(self.network.dial).handle,
+                                   "apiserver-egress")]
 
     def start(self) -> None:
         network = self.network
@@ -226,36 +425,20 @@ class ApiRelay:
         answer, _ = network.request({"op": "relay", "port": self.api_port})
         if not answer.get("ok"):
             raise NetworkError(f"cannot relay the apiserver into the pod network: {answer.get('error')}")
-        path = network.dir / netholder.API_SOCKET
-        path.unlink(missing_ok=True)
-        server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        server.bind(str(path))
-        path.chmod(0o600)
-        server.listen(128)
-        self._server = server
-        self._thread = threading.Thread(target=self._serve, args=(server,), daemon=True, name="apiserver-relay")
-        self._thread.start()
+        for server in self.servers:
+            server.start()
 
-    def _serve(self, server: socket.socket) -> None:
-        while True:
-            try:
-                client, _ = server.accept()
-            except OSError:
-                return  # stopped
-            try:
-                upstream = socket.create_connection(("127.0.0.1", self.api_port), timeout=5)
-                upstream.settimeout(None)
-            except OSError:
-                client.close()
-                continue
-            splice(client, upstream)
+    def _relay(self, client: socket.socket) -> None:
+        try:
+            upstream = dial_host("127.0.0.1", self.api_port, 5)
+        except DialError:
+            client.close()
+            return
+        splice(client, upstream)
 
     def stop(self) -> None:
-        if self._server is not None:
-            with contextlib.suppress(OSError):
-                self._server.shutdown(socket.SHUT_RDWR)
-            self._server.close()
-            self._server = None
+        for server in self.servers:
+            server.stop()
 
 
 def stop_sandboxes(cluster_dir: Path) -> int:

@@ -116,7 +116,9 @@ def test_a_broken_config_keeps_the_last_good_one(kube, kubectl, time_slicing):
     assert "keeping the last good config 'any'" in event["message"]
     assert resources(kube) == ("8", "8")
     kubectl("label", "node", GPU_NODE, f"{CONFIG_LABEL}=nonexistent", "--overwrite")
-    [event] = wait_for(lambda: node_events(kube, "DevicePluginConfigNotFound"), 30, what="an Event on the node")
+    # The label's event, not one an earlier test's clean-up left on the node (its ConfigMap deleted first).
+    [event] = wait_for(lambda: [e for e in node_events(kube, "DevicePluginConfigNotFound")
+                                if "nonexistent" in e["message"]], 30, what="an Event on the node")
     assert "names no config" in event["message"] and "keeping the last good config 'any'" in event["message"]
     kubectl("label", "node", GPU_NODE, f"{CONFIG_LABEL}=any", "--overwrite")
     assert resources(kube) == ("8", "8")

@@ -10,12 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from gpulab.runtime import images, sandbox
-from helpers import pod_finished, pod_ready, port_forward, wait_for
+from gpulab.runtime import images
+from helpers import NEEDS_POD_NETWORK, create, pod_finished, pod_ready, port_forward, wait_for
 
-pytestmark = [pytest.mark.cluster,
-              pytest.mark.skipif(sandbox.kind() != "namespaces",
-                                 reason="GPULAB_SANDBOX=process has no pod network (README: what each mode gives)")]
+pytestmark = [pytest.mark.cluster, NEEDS_POD_NETWORK]
 
 AGNHOST = "registry.k8s.io/e2e-test-images/agnhost:2.53"
 # Without Debian's nginx-light or busybox their pods do not start (an event says what to install).
@@ -24,11 +22,6 @@ needs_nginx = pytest.mark.skipif(not Path(images.host_program("nginx")).exists()
 needs_busybox = pytest.mark.skipif(not Path(images.host_program("busybox")).exists(),
                                    reason="needs Debian's busybox (sudo apt-get install -y busybox)")
 WELCOME = "<h1>Welcome to nginx!</h1>"
-
-
-def create(kube, ns, obj):
-    obj["metadata"]["namespace"] = ns
-    return kube.create(obj)
 
 
 def pod(name: str, image: str, restart: str = "Always", **container) -> dict:

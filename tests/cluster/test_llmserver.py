@@ -10,13 +10,11 @@ import pytest
 
 from gpulab.fakegpu import llmserver
 from gpulab.fakegpu.node import host_state_path
-from gpulab.runtime import sandbox
-from gpu_support import GPU_NODE, wait_resources
-from helpers import wait_for
 
-pytestmark = [pytest.mark.cluster,
-              pytest.mark.skipif(sandbox.kind() != "namespaces",
-                                 reason="GPULAB_SANDBOX=process has no pod network (README: what each mode gives)")]
+from gpu_support import GPU_NODE, wait_resources
+from helpers import NEEDS_POD_NETWORK, wait_for
+
+pytestmark = [pytest.mark.cluster, NEEDS_POD_NETWORK]
 
 IMAGE = f"{llmserver.IMAGE_REPOSITORY}:test"
 

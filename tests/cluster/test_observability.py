@@ -2,7 +2,7 @@
 
 The HPA here is kube-controller-manager's: it reads ``DCGM_FI_DEV_GPU_UTIL``
 per pod through the aggregation layer from the custom metrics adapter, and
-scales the Deployment out when ``gpulab load`` raises the traffic and back
+scales the Deployment out when ``gpulab load`` sends requests to its Service and back
 in (after its 15 s stabilisation window) when it stops.
 """
 
@@ -26,6 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from gpulab import usage
 from gpulab.kube import api
 from gpulab.fakegpu import load, monitoring
+from gpulab.notebook.quantity import parse as parse_quantity
 from gpulab.usage import samples
 
 pytestmark = pytest.mark.cluster
@@ -113,18 +114,21 @@ def test_hpa_on_gpu_utilisation_scales_out_and_back_in(kube, kubectl, gpu_ns):
     apply(kubectl, ns, "07-monitoring-cost/llm-autoscaled.yaml", "07-monitoring-cost/llm-hpa.yaml")
     wait_for(lambda: ready_replicas(kube, ns, "llm") == 1, 60, what="one ready llm replica")
 
-    out = gpulab("load", "deploy/llm", "80", "-n", ns)
+    # 5 requests/s of 16 tokens × 10 ms through the Service: one replica computes 80 % of the time.
+    out = gpulab("load", "svc/llm", "5", "-n", ns)
     assert out.returncode == 0, out.stderr
-    assert "load set to 80%" in out.stdout
-    # One replica at 80 % against a 40 % target: the HPA controller asks for ceil(1 × 80 / 40) = 2.
-    wait_for(lambda: ready_replicas(kube, ns, "llm") == 2, 90, what="the HPA to scale llm to 2")
+    assert f"deployment.apps/load-llm created: 5 requests/s of 16 tokens to http://llm.{ns}.svc:80" in out.stdout
+    # One replica at ~80 % against a 40 % target: the HPA controller asks for ceil(1 × 80 / 40) = 2.
+    wait_for(lambda: ready_replicas(kube, ns, "llm") == 2, 120, what="the HPA to scale llm to 2")
     hpa = wait_for(lambda: (h := kube.get("HorizontalPodAutoscaler", "llm", ns))
                    and (h.get("status") or {}).get("currentMetrics") and
-                   h["status"]["currentMetrics"][0]["pods"]["current"]["averageValue"] == "40" and h,
-                   30, what="two replicas sharing the load at 40 % each")
+                   25 <= parse_quantity(h["status"]["currentMetrics"][0]["pods"]["current"]["averageValue"]) <= 55 and h,
+                   60, what="two replicas sharing the traffic at about 40 % each")
     assert hpa["status"]["desiredReplicas"] == 2
+    served = kubectl("-n", ns, "logs", "deploy/load-llm", "--tail=1").stdout
+    assert " failed 0 " in served and "| total sent" in served, served  # the generator's line for one second
 
-    assert gpulab("load", "deploy/llm", "0", "-n", ns).returncode == 0
+    assert gpulab("load", "svc/llm", "0", "-n", ns).returncode == 0
     wait_for(lambda: (kube.get("Deployment", "llm", ns) or {}).get("spec", {}).get("replicas") == 1, 120,
              what="the HPA to scale llm back to 1")
     reasons = [e["message"] for e in kube.list("Event", ns, field_selector="reason=SuccessfulRescale")]
@@ -192,6 +196,6 @@ def test_a_critical_pod_preempts_batch_work_and_the_report_shows_it(kube, kubect
         wait_gpus_free(kube, timeout=90)
 
 
-def test_load_errors_name_the_missing_workload(kube, ns):
-    with pytest.raises(load.LoadError, match=f"Deployment {ns}/nope not found"):
-        load.set_load(kube, "deploy/nope", "50", ns)
+def test_load_errors_name_the_missing_service(kube, ns):
+    with pytest.raises(load.LoadError, match=f"Service {ns}/nope not found"):
+        load.set_load(kube, "svc/nope", "5", ns)

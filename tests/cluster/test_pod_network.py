@@ -3,22 +3,13 @@ names through CoreDNS, and probes dial the container."""
 
 from __future__ import annotations
 
-
 import pytest
 
-from gpulab.runtime import sandbox
-from helpers import pod_finished, pod_ready, port_forward, wait_for
+from helpers import NEEDS_POD_NETWORK, create, pod_finished, pod_ready, port_forward, wait_for
 
-pytestmark = [pytest.mark.cluster,
-              pytest.mark.skipif(sandbox.kind() != "namespaces",
-                                 reason="GPULAB_SANDBOX=process has no pod network (README: what each mode gives)")]
+pytestmark = [pytest.mark.cluster, NEEDS_POD_NETWORK]
 
 PYTHON = "python:3.11"
-
-
-def create(kube, ns, obj):
-    obj["metadata"]["namespace"] = ns
-    return kube.create(obj)
 
 
 def pod(name: str, command: list[str], node: str | None = None, restart: str = "Never", **spec) -> dict:

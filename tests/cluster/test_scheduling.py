@@ -6,7 +6,7 @@ import pytest
 
 from gpulab.kube import api
 
-from helpers import wait_for
+from helpers import create, wait_for
 
 pytestmark = pytest.mark.cluster
 
@@ -18,11 +18,6 @@ def gpu_pod(name: str, gpus, **spec) -> dict:
     container = {"name": "main", "image": "nvcr.io/nvidia/cuda:12.6.2-base-ubuntu24.04", "resources": resources}
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
             "spec": {"containers": [container], **spec}}
-
-
-def create(kube, ns, obj):
-    obj["metadata"]["namespace"] = ns
-    return kube.create(obj)
 
 
 def scheduling_event(kube, ns, pod):

@@ -7,7 +7,7 @@ import os
 import pytest
 
 from gpulab.runtime import sandbox
-from helpers import wait_for
+from helpers import create, wait_for
 
 pytestmark = pytest.mark.cluster
 
@@ -20,11 +20,6 @@ def job(name: str, command: list[str], backoff: int = 2, **pod_spec) -> dict:
             "containers": [{"name": "main", "image": "ubuntu:24.04", "command": command}],
             **pod_spec}}},
     }
-
-
-def create(kube, ns, obj):
-    obj["metadata"]["namespace"] = ns
-    return kube.create(obj)
 
 
 def job_condition(kube, ns, name):

@@ -416,6 +416,8 @@ def _cjk_figures(monkeypatch):
     yield "plot_card_memory", nb.plot_card_memory(81559, 16384, [("整卡独占", 1, None), ("时间切片 ×4", 4, None),
                                                                  ("MIG 1g.10gb", 7, 9856), ("MIG 3g.40gb", 2, 40192)],
                                                   show=False)
+    yield "plot_latency", nb.plot_latency([("整卡独占", 81.2, 84.0), ("MIG 3g.40gb，邻居满载", 180.3, 186.9)],
+                                          show=False)
     yield "plot_gpu_memory", nb.plot_gpu_memory([{"GPU": "GPU 0", "POD": "推理-a", "MIB": 16384, "FAILED": False},
                                                  {"GPU": "GPU 0", "POD": "greedy", "MIB": 70000, "FAILED": True}],
                                                 81559, show=False)

@@ -15,6 +15,7 @@ a lesson's label or taint.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -31,6 +32,16 @@ NOTEBOOKS = sorted((REPO / "notebooks").glob("[0-9][0-9]-*.ipynb"))
 NOTEBOOK_TIMEOUT = 420
 CELL_TIMEOUT = 120
 LESSON_KEYS = ("node-role.kubernetes.io/ai", "nvidia.com/gpu")
+# The failure report: the first failing cell in full (up to this), the others by name, then the output's end.
+FIRST_FAILURE_CHARS = 8000
+OTHER_FAILURES_SHOWN = 40
+TAIL_CHARS = 2000
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+# pytest's section lines (`==== FAILURES ====`) and, inside FAILURES and ERRORS, one item's header
+# (`____ notebooks/NN-x.ipynb::Cell K ____`).
+_SECTION = re.compile(r"^=+ (.+?) =+$", re.M)
+_ITEM = re.compile(r"^_{3,} (.+?) _{3,}$", re.M)
 
 
 def run_nbval(notebook: Path, home: Path) -> subprocess.CompletedProcess:
@@ -40,6 +51,53 @@ def run_nbval(notebook: Path, home: Path) -> subprocess.CompletedProcess:
     env = dict(os.environ, GPULAB_HOME=str(home), PYTHONDONTWRITEBYTECODE="1")
     return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=NOTEBOOK_TIMEOUT,
                           check=False)
+
+
+def failing_items(output: str) -> list[tuple[str, str]]:
+    """The (header, text) of each item in pytest's FAILURES and ERRORS sections of ``output``, in order.
+
+    The text is the item's whole section as pytest printed it: for an nbval cell, its header line, the
+    reason, the cell's source and the traceback or the diff of its outputs.
+    """
+    items = []
+    sections = list(_SECTION.finditer(output))
+    for i, section in enumerate(sections):
+        if section.group(1) not in ("FAILURES", "ERRORS"):
+            continue
+        end = sections[i + 1].start() if i + 1 < len(sections) else len(output)
+        body = output[section.end():end]
+        headers = list(_ITEM.finditer(body))
+        for j, header in enumerate(headers):
+            stop = headers[j + 1].start() if j + 1 < len(headers) else len(body)
+            items.append((header.group(1), body[header.start():stop].rstrip() + "\n"))
+    return items
+
+
+def failure_report(output: str, first_chars: int = FIRST_FAILURE_CHARS, tail_chars: int = TAIL_CHARS) -> str:
+    """What nbval's ``output`` says about a failed notebook, most useful first.
+
+    The first failing cell is the cause; the cells after it often fail only because it did (a name
+    it should have defined), and the output's last characters alone would show only those. So: the
+    first failing item's section in full (its middle cut past ``first_chars``), the headers of the
+    other failing items, then the output's last ``tail_chars`` characters. Terminal colours are removed.
+    Output without a FAILURES or ERRORS section (pytest could not even collect) is shown by its end.
+    """
+    output = _ANSI.sub("", output)
+    items = failing_items(output)
+    if not items:
+        return output[-(first_chars + tail_chars):]
+    (first, text), others = items[0], [header for header, _ in items[1:]]
+    if len(text) > first_chars:
+        half = first_chars // 2
+        text = f"{text[:half]}\n[... {len(text) - 2 * half} characters left out ...]\n{text[-half:]}"
+    lines = [f"first failing cell: {first}", text]
+    if others:
+        lines.append(f"then {len(others)} more failing (often only because the first did):")
+        lines += [f"  {header}" for header in others[:OTHER_FAILURES_SHOWN]]
+        if len(others) > OTHER_FAILURES_SHOWN:
+            lines.append(f"  ... and {len(others) - OTHER_FAILURES_SHOWN} more")
+    lines += ["", f"end of nbval's output (last {tail_chars} characters):", output[-tail_chars:]]
+    return "\n".join(lines)
 
 
 def cluster_snapshot(kube) -> str:
@@ -63,7 +121,7 @@ def test_notebook_runs_and_matches_its_checked_outputs(notebook, cluster, kube):
     proc = run_nbval(notebook, cluster.root.parent)
     if proc.returncode != 0:
         pytest.fail(f"nbval failed for {notebook.name} (exit {proc.returncode}):\n"
-                    f"{proc.stdout[-12000:]}\n{proc.stderr[-3000:]}\n{cluster_snapshot(kube)}", pytrace=False)
+                    f"{failure_report(proc.stdout)}\n{proc.stderr[-3000:]}\n{cluster_snapshot(kube)}", pytrace=False)
 
     # The notebook cleaned up after itself.
     lessons = [ns["metadata"]["name"] for ns in kube.list("Namespace", label_selector="gpulab.io/lesson")]

@@ -134,6 +134,34 @@ def test_coredns_wrapper_module_is_its_own_main_package():
     assert [f.name for f in binaries._module_files(build)] == ["go.mod", "go.sum", "main.go"]
 
 
+def test_up_builds_what_a_cluster_needs_and_leaves_agnhost_to_gpulab_build(tmp_path, monkeypatch):
+    """A first `make lab` waits for no image program only tests use; `gpulab build` builds it."""
+    monkeypatch.setenv("GPULAB_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("GPULAB_BIN_DIR", raising=False)
+    monkeypatch.setattr(binaries, "_is_built", lambda b: False)
+    monkeypatch.setattr(binaries, "_go", lambda: "go")
+    built = []
+    monkeypatch.setattr(binaries, "_build_locked", lambda todo, go, say: built.append([b.name for b in todo]))
+    found = binaries.ensure(lambda m: None, for_up=True)
+    assert built == [["kubernetes", "etcd", "kwok", "metrics-server", "cni-plugins", "coredns"]]
+    assert found["agnhost"].name == "agnhost"  # where `gpulab build` puts it: an image says so until then
+    assert [b.name for b in binaries.pending()] == ["agnhost"]
+    binaries.ensure(lambda m: None)
+    assert built[-1][-1] == "agnhost"
+    monkeypatch.setenv("GPULAB_BIN_DIR", str(tmp_path))
+    assert binaries.pending() == []  # ready binaries: nothing is ever built
+
+
+def test_build_in_the_background_with_nothing_left_says_so(tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from gpulab import cli
+
+    monkeypatch.setattr(binaries, "pending", lambda: [])
+    result = CliRunner().invoke(cli.main, ["build", "--background"])
+    assert result.exit_code == 0 and "nothing left to build" in result.output
+
+
 def test_builds_come_in_order_and_give_every_required_binary(tmp_path, monkeypatch):
     """The control plane first, then the pod network; every program at its name in its bin dir."""
     monkeypatch.setenv("GPULAB_CACHE", str(tmp_path / "cache"))

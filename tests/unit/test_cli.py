@@ -58,12 +58,13 @@ def test_the_readme_versions_table_follows_versions_table():
 
 def test_load_rejects_malformed_values_before_touching_the_cluster(tmp_path):
     for args, message in (
-        (("deploy/llm", "lots"), "load 'lots': expected a number of percent of one GPU"),
-        (("deploy/llm", "20000"), "must be between 0 and 10000"),
-        (("deploy/llm", "nan"), "must be between 0 and 10000"),
-        (("pod/llm", "50"), "unknown kind 'pod'"),
-        (("llm", "50"), "expected KIND/NAME"),
-        (("deploy/LLM_1", "50"), "is not a valid object name"),
+        (("svc/llm", "lots"), "rate 'lots': expected requests per second"),
+        (("svc/llm", "20000"), "must be between 0 and 1000"),
+        (("svc/llm", "nan"), "must be between 0 and 1000"),
+        (("deploy/llm", "5"), "traffic goes to a Service, not a 'deploy'"),
+        (("llm", "5"), "expected svc/NAME"),
+        (("svc/LLM_1", "5"), "is not a valid Service name"),
+        (("svc/llm", "5", "--max-tokens", "0"), "--max-tokens 0: must be between 1 and 4096"),
     ):
         result = run("load", *args, home=tmp_path)
         assert result.exit_code == 2, (args, result.output)
@@ -71,7 +72,7 @@ def test_load_rejects_malformed_values_before_touching_the_cluster(tmp_path):
 
 
 def test_load_without_a_cluster_says_how_to_start_one(tmp_path):
-    result = CliRunner().invoke(cli.main, ["load", "deploy/llm", "80"],
+    result = CliRunner().invoke(cli.main, ["load", "svc/llm", "5"],
                                 env={"GPULAB_HOME": str(tmp_path), "KUBECONFIG": ""})
     assert result.exit_code == 1 and "gpulab up" in result.output
 

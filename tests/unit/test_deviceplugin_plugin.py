@@ -157,9 +157,11 @@ def test_allocate_whole_gpus(make_plugin, plugin_stub, plugin_config) -> None:
     assert container.envs["NVIDIA_VISIBLE_DEVICES"] == f"{gpu_uuid(1)},{gpu_uuid(0)}"
     mounts = {m.container_path: (m.host_path, m.read_only) for m in container.mounts}
     assert mounts["/usr/bin/nvidia-smi"] == (str(plugin_config.nvidia_smi), True)
-    state_file = container.envs["GPULAB_NVIDIA_SMI_STATE"]
-    assert mounts[state_file] == (state_file, True)
-    assert Path(state_file).parent == plugin_config.state_dir
+    state_file = Path(container.envs["GPULAB_NVIDIA_SMI_STATE"])
+    # The allocation's own directory is mounted, so a long-running program sees the file replaced.
+    assert state_file.name == "nvidia-smi.json" and mounts[str(state_file.parent)] == (str(state_file.parent), True)
+    assert str(state_file) not in mounts
+    assert state_file.parent.parent == plugin_config.state_dir
     state = json.loads(Path(state_file).read_text())
     assert state["resource"] == "nvidia.com/gpu"
     assert [d["index"] for d in state["devices"]] == [1, 0]  # inventory info, as given

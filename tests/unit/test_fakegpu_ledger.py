@@ -140,7 +140,9 @@ def test_load_adds_up_per_card_and_mig_slices_count_by_size() -> None:
     ledger = Ledger()
     ledger.start(("a", "c"), [whole()], Demand(1024, 70))
     ledger.start(("b", "c"), [whole()], Demand(1024, 50))
-    assert ledger.gpu_utilization("GPU-0") == 100
+    assert ledger.gpu_utilization("GPU-0") == 100  # what nvidia-smi prints
+    assert ledger.gpu_demand("GPU-0") == 120       # what the two time-sliced programs want
+    assert ledger.gpu_demand("GPU-0", without=("a", "c")) == 50  # what a's neighbours want
     ledger.start(("m", "c"), [mig(0, "GPU-1")], Demand(1024, 70))
     assert ledger.gpu_utilization("GPU-1") == 10
     assert ledger.pool_utilization("MIG-0") == 70

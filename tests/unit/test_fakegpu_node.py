@@ -306,55 +306,32 @@ def test_the_exporter_page_is_valid_prometheus_text(node, plugin) -> None:
     assert temp[idle] < temp[busy.labels["gpu"]]
 
 
-class FixedLoad:
-    """A workload load of ``share`` percent for every pod (what LoadModel works out from the API)."""
-
-    def __init__(self, share: float | None):
-        self.share = share
-
-    def utilization(self, pod: dict) -> float | None:
-        return self.share
-
-
 def _ready(p: dict, ready: bool = True) -> dict:
     p["status"] = {"conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}
     return p
 
 
-def test_traffic_sets_the_utilisation_of_ready_replicas(node, plugin) -> None:
+def test_a_holder_that_declares_nothing_computes_when_its_program_reports_and_stops_when_it_stops(node, plugin) -> None:
     plugin()
     eventually(lambda: node.manager.resource_counts() == {"nvidia.com/gpu": (2, 2)})
-    served, starting = _ready(pod("llm-a", memory="16Gi")), _ready(pod("llm-b", memory="16Gi"), ready=False)
-    for p in (served, starting):
-        node.admit(p)
-        node.observe(p, p["spec"]["containers"][0], running=True)
-    pods = {p["metadata"]["uid"]: p for p in (served, starting)}
+    plain = _ready(pod("plain"))  # declares no CUDA program: holds its GPU, computes nothing
+    node.admit(plain)
+    report = Path(node.prepare(plain, plain["spec"]["containers"][0]).env["GPULAB_GPU_ACTIVITY"])
+    node.observe(plain, plain["spec"]["containers"][0], running=True)
+    pods = {plain["metadata"]["uid"]: plain}
 
-    def util_of(name: str) -> float:
-        gpu = next(s for s in dcgm.parse(dcgm.render(node)) if s[0] == "DCGM_FI_DEV_GPU_UTIL" and s[1].get("pod") == name)
-        return gpu[2]
+    def util() -> dict:
+        return {s[1].get("pod"): s[2] for s in dcgm.parse(dcgm.render(node)) if s[0] == "DCGM_FI_DEV_GPU_UTIL"
+                and s[1].get("pod")}
 
-    assert node.apply_load(pods, FixedLoad(40)) is True
-    assert util_of("llm-a") == 40 and util_of("llm-b") == 0  # a pod that is not Ready gets no traffic
-    assert node.apply_load(pods, FixedLoad(40)) is False      # nothing changed, nothing rewritten
-    assert node.apply_load(pods, FixedLoad(None)) is True     # the load is gone
-    assert util_of("llm-a") == 0
-
-
-def test_a_pods_own_utilisation_wins_and_idle_holders_start_computing(node, plugin) -> None:
-    plugin()
-    eventually(lambda: node.manager.resource_counts() == {"nvidia.com/gpu": (2, 2)})
-    fixed = _ready(pod("fixed", memory="8Gi"))
-    fixed["metadata"]["annotations"]["gpulab.io/gpu-utilization"] = "10"
-    plain = _ready(pod("plain"))  # declares nothing: holds its GPU, computes nothing
-    for p in (fixed, plain):
-        node.admit(p)
-        node.observe(p, p["spec"]["containers"][0], running=True)
-    node.apply_load({p["metadata"]["uid"]: p for p in (fixed, plain)}, FixedLoad(70))
-    util = {s[1].get("pod"): s[2] for s in dcgm.parse(dcgm.render(node)) if s[0] == "DCGM_FI_DEV_GPU_UTIL"}
-    assert util == {"fixed": 10, "plain": 70}
-    procs = [proc["name"] for g in node.state()["gpus"] for proc in g["processes"]]
-    assert sorted(procs) == ["python3", "python3"]
+    assert node.apply_load(pods) is False and util() == {"plain": 0}  # reports nothing: it holds, no load
+    assert [proc for g in node.state()["gpus"] for proc in g["processes"]] == []
+    report.write_text("70\n")                              # requests reached it (gpulab/fakegpu/llmserver.py)
+    assert node.apply_load(pods) is True and util() == {"plain": 70}
+    assert [proc["name"] for g in node.state()["gpus"] for proc in g["processes"]] == ["python3"]
+    assert node.apply_load(pods) is False                   # nothing changed, nothing rewritten
+    report.write_text("0\n")                               # the traffic stopped
+    assert node.apply_load(pods) is True and util() == {"plain": 0}
 
 
 def test_a_programs_reported_activity_is_its_utilisation_and_an_annotation_still_wins(node, plugin) -> None:
@@ -372,7 +349,7 @@ def test_a_programs_reported_activity_is_its_utilisation_and_an_annotation_still
         report.write_text("55\n")  # what the program writes (gpulab/fakegpu/llmserver.py)
         node.observe(p, p["spec"]["containers"][0], running=True)
         pods[p["metadata"]["uid"]] = _ready(p, ready=False)  # measured, so readiness does not matter
-    assert node.apply_load(pods, FixedLoad(None)) is True
+    assert node.apply_load(pods) is True
     util = {s[1].get("pod"): s[2] for s in dcgm.parse(dcgm.render(node)) if s[0] == "DCGM_FI_DEV_GPU_UTIL"}
     assert util == {"server": 55, "fixed": 10}
     node.release(server)

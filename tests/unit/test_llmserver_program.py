@@ -9,7 +9,6 @@ import io
 import json
 import os
 import subprocess
-import sys
 import threading
 import time
 import urllib.error
@@ -45,6 +44,16 @@ def test_a_whole_gpu_is_shared_in_time_with_its_busy_neighbours() -> None:
     assert llmserver.compute_share(state(utilization=100), uuid)[0] == 0.5       # a busy neighbour: half
     assert llmserver.compute_share(state(utilization=100), uuid, 100)[0] == 1.0  # all of it is our own
     assert llmserver.compute_share(state(utilization=60), f"{uuid}::2", 10)[0] == pytest.approx(1 / 1.5)
+
+
+def test_a_neighbour_that_wants_the_whole_gpu_halves_the_share_though_the_card_shows_100() -> None:
+    # A training job wants 100 % and this server computes 32 %: the card prints 100 (capped); what the
+    # neighbours want, in the container's own file, is what slows us, not the capped sum less our own.
+    s = state(utilization=100)
+    s["gpus"][0]["utilization_neighbours"] = 100
+    assert llmserver.compute_share(s, s["gpus"][0]["uuid"], 32)[0] == 0.5
+    s["gpus"][0]["utilization_neighbours"] = 0   # we are alone and busy: the card's 100 % is our own
+    assert llmserver.compute_share(s, s["gpus"][0]["uuid"], 0)[0] == 1.0
 
 
 def test_without_a_gpu_the_share_is_one_and_it_says_why() -> None:

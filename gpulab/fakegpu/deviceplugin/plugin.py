@@ -62,6 +62,8 @@ MAX_DEVICE_ID_LENGTH = 63
 REPLICA_SEPARATOR = "::"
 VISIBLE_DEVICES_ENV = "NVIDIA_VISIBLE_DEVICES"
 NVIDIA_SMI_STATE_ENV = "GPULAB_NVIDIA_SMI_STATE"
+#: The state file's name in its allocation's directory (``<state dir>/<allocation ID>/``).
+STATE_FILE = "nvidia-smi.json"
 NVIDIA_SMI_CONTAINER_PATH = "/usr/bin/nvidia-smi"
 ANNOTATION_PREFIX = "gpulab.io/"
 PACKED = "packed"
@@ -475,8 +477,10 @@ class _DevicePluginService(api_pb2_grpc.DevicePluginServicer):
                 container_path=NVIDIA_SMI_CONTAINER_PATH, host_path=str(self._config.nvidia_smi), read_only=True
             )
         # Same path inside and out, so the env var also holds for commands that
-        # simulated nodes run on the host itself.
-        response.mounts.add(container_path=str(state_file), host_path=str(state_file), read_only=True)
+        # simulated nodes run on the host itself. The allocation's directory is
+        # mounted, not the file: the node rewrites the file by renaming a new
+        # one over it, which a process that runs for long sees only this way.
+        response.mounts.add(container_path=str(state_file.parent), host_path=str(state_file.parent), read_only=True)
         if self._config.pass_device_specs:
             for path in _device_paths(resource, physical):
                 response.devices.add(
@@ -491,9 +495,9 @@ class _DevicePluginService(api_pb2_grpc.DevicePluginServicer):
         self, allocation_id: str, resource_name: str, ids: list[str], physical: list[InventoryDevice]
     ) -> Path:
         """Describe the allocated devices for the fake nvidia-smi (atomic write)."""
-        state_dir = self._config.state_path
-        state_dir.mkdir(parents=True, exist_ok=True)
-        path = state_dir / f"{allocation_id}.json"
+        directory = self._config.state_path / allocation_id
+        directory.mkdir(parents=True, exist_ok=True)
+        path = directory / STATE_FILE
         document = {
             "allocationID": allocation_id,
             "resource": resource_name,
