@@ -2,21 +2,26 @@
 
 from __future__ import annotations
 
+import re
+import unicodedata
 from pathlib import Path
 
 import pytest
 
 from gpulab.quiz import bank as qb
 from gpulab.quiz.bank import (
+    GENERIC_HINTS,
     BankError,
     MultipleChoice,
     Numeric,
     ShortAnswer,
     SingleChoice,
+    format_number,
     grade_answer,
     load_all,
     load_bank,
     load_section,
+    normalize,
 )
 
 REPO = Path(__file__).resolve().parents[2]
@@ -62,6 +67,35 @@ def test_every_key_grades_as_correct(banks):
                     continue
             assert grade_answer(q, key).correct, q.id
             assert not grade_answer(q, wrong).correct, q.id
+
+
+def _plain(text: str) -> str:
+    """Bank text as a learner reads it: full-width folded, no `code`/**bold** marks, spaces collapsed."""
+    return " ".join(re.sub(r"[`*]", "", unicodedata.normalize("NFKC", text)).split())
+
+
+def test_every_question_has_a_hint_of_its_own_that_does_not_give_the_key(banks):
+    """A wrong answer gets the question's own hint, never a generic one and never the key in other words."""
+    seen: dict[str, str] = {}
+    for bank in banks.values():
+        for q in bank.questions:
+            hint = _plain(q.hint)
+            assert hint, f"{q.id}: no hint"
+            assert q.hint.strip() not in GENERIC_HINTS.values(), f"{q.id}: generic hint"
+            assert hint not in seen, f"{q.id}: same hint as {seen.get(hint)}"
+            seen[hint] = q.id
+            if isinstance(q, (SingleChoice, MultipleChoice)):
+                keys = [q.answer] if isinstance(q, SingleChoice) else sorted(q.answer)
+                for key in keys:
+                    text = _plain(q.option(key).text)
+                    assert text not in hint, f"{q.id}: hint quotes key option {key.upper()} {text!r}"
+            elif isinstance(q, Numeric):
+                number = re.escape(format_number(q.answer))
+                assert not re.search(rf"(?<![\d.]){number}(?!\d|\.\d)", hint), f"{q.id}: hint states {number}"
+            else:
+                assert isinstance(q, ShortAnswer)
+                assert not any(normalize(a) in normalize(hint) for a in q.accept), f"{q.id}: hint quotes the key"
+                assert not grade_answer(q, hint).correct, f"{q.id}: the hint itself is accepted as the answer"
 
 
 def test_all_question_types_are_used(banks):
