@@ -131,8 +131,10 @@ def test_hpa_on_gpu_utilisation_scales_out_and_back_in(kube, kubectl, gpu_ns):
     assert gpulab("load", "svc/llm", "0", "-n", ns).returncode == 0
     wait_for(lambda: (kube.get("Deployment", "llm", ns) or {}).get("spec", {}).get("replicas") == 1, 120,
              what="the HPA to scale llm back to 1")
-    reasons = [e["message"] for e in kube.list("Event", ns, field_selector="reason=SuccessfulRescale")]
-    assert any("above target" in m for m in reasons) and any("below target" in m for m in reasons), reasons
+    # The controller records its event after it scales: wait for it rather than read once.
+    reasons = wait_for(lambda: (r := [e["message"] for e in kube.list("Event", ns, field_selector="reason=SuccessfulRescale")])
+                       and any("below target" in m for m in r) and r, 30, what="the scale-in event")
+    assert any("above target" in m for m in reasons), reasons
 
 
 def test_quota_on_gpus_rejects_the_pod_with_the_apiservers_message(kube, kubectl, ns):

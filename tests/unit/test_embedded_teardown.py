@@ -52,7 +52,7 @@ def cluster(tmp_path: Path, monkeypatch):
     holders: list[subprocess.Popen] = []
     monkeypatch.setattr(embedded, "components", lambda: embedded.COMPONENTS[:-1])  # no kube-proxy: no nft
     monkeypatch.setattr(embedded.sandbox, "check", lambda: None)
-    monkeypatch.setattr(embedded.binaries, "ensure", lambda say: SimpleNamespace(kwok_crds=None))
+    monkeypatch.setattr(embedded.binaries, "ensure", lambda say, **_: SimpleNamespace(kwok_crds=None))
     monkeypatch.setattr(embedded.pki, "ensure", lambda *a: None)
     monkeypatch.setattr(embedded.pki, "issue_server", lambda *a: None)
     monkeypatch.setattr(embedded.metricsserver, "install", lambda *a: None)
