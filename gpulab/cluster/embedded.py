@@ -69,9 +69,10 @@ def components() -> tuple[str, ...]:
         return COMPONENTS
     return tuple(c for c in COMPONENTS if c not in NETWORK_COMPONENTS)
 # "custom-metrics" is served by the custom metrics adapter, a program of the node agent;
-# "resource-metrics" by the node agent itself (every node's /metrics/resource).
+# "resource-metrics" by the node agent itself (every node's /metrics/resource); "egress" by the node agent
+# too, the way into the pod network for host programs that reach the nodes (metrics-server's HTTPS_PROXY).
 PORTS = ("etcd-client", "etcd-peer", "apiserver", "controller-manager", "scheduler", "kwok", "custom-metrics",
-         "resource-metrics", "metrics-server")
+         "resource-metrics", "metrics-server", "egress")
 
 
 
@@ -153,7 +154,9 @@ class EmbeddedCluster(StateDir):
         started = time.monotonic()
         self._make_reachable(say)
         pki.ensure(self.pki)
-        pki.issue_server(self.pki, NODE_AGENT_SERVING_CERT, "gpulab:node-agent", ())
+        # The nodes' kubelet endpoint for resource metrics: one for every node, so it names each node's address.
+        pki.issue_server(self.pki, NODE_AGENT_SERVING_CERT, "gpulab:node-agent", (),
+                         nodes.internal_ips(topo, sandbox.kind() == "namespaces"))
         ports = self._ports(state.get("ports", {}), running)
         state.update(topology=str(topo.source.resolve()), ports=ports, backend="embedded")
         self._save_state(state)
@@ -218,7 +221,7 @@ class EmbeddedCluster(StateDir):
         owner = {"etcd-client": "etcd", "etcd-peer": "etcd", "apiserver": "kube-apiserver",
                  "controller-manager": "kube-controller-manager", "scheduler": "kube-scheduler",
                  "kwok": "kwok", "custom-metrics": "node-agent", "resource-metrics": "node-agent",
-                 "metrics-server": "metrics-server"}
+                 "metrics-server": "metrics-server", "egress": "node-agent"}
         ports: dict[str, int] = {}
         for key in PORTS:
             prev = previous.get(key)
@@ -351,9 +354,13 @@ class EmbeddedCluster(StateDir):
                              env=dict(os.environ, PATH=f"{os.environ.get('PATH', '')}:{network.TOOL_PATH}"))
         if name == "metrics-server":
             port = ports["metrics-server"]
+            # With a pod network the nodes' addresses are there: it reaches them through the node agent's
+            # egress, as a proxy (the apiserver, on 127.0.0.1, is never proxied).
+            egress = ports["egress"] if sandbox.kind() == "namespaces" else None
             return Component(name, metricsserver.argv(bins["metrics-server"], self.root, port,
                                                       ports["resource-metrics"]),
-                             https_ok(f"https://127.0.0.1:{port}/livez", p / "ca.crt", admin))
+                             https_ok(f"https://127.0.0.1:{port}/livez", p / "ca.crt", admin),
+                             env=dict(os.environ, **metricsserver.proxy_env(egress)))
         raise KeyError(name)
 
     def _egress_selector(self) -> list[str]:

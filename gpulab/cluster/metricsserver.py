@@ -8,10 +8,14 @@ and an ExternalName Service (``kube-system/metrics-server`` -> localhost), the
 way the custom metrics adapter is reached (:mod:`gpulab.fakegpu.monitoring`).
 
 It scrapes every node's resource metrics as it scrapes kubelets: at the
-node's InternalIP (127.0.0.1), on ``--kubelet-port`` (the node agent's
+node's InternalIP, on ``--kubelet-port`` (the node agent's
 ``resource-metrics`` port, one for every simulated node, as KWOK serves all
 nodes on one port), at the path in the node's annotation
 ``metrics.k8s.io/resource-metrics-path`` (:mod:`gpulab.runtime.resourcemetrics`).
+With a pod network the nodes' addresses are there, not on the host: it
+dials them through the node agent's egress, named as its ``HTTPS_PROXY``
+(the way a component behind a proxy reaches kubelets); without one every
+node is at 127.0.0.1.
 It checks the node agent's serving certificate against the cluster CA and
 presents its own client certificate (``system:metrics-server``), whose RBAC
 is upstream's ``components.yaml`` with that user as the subject.
@@ -63,6 +67,18 @@ def argv(binary: Path, root: Path, port: int, kubelet_port: int) -> list[str]:
         f"--metric-resolution={METRIC_RESOLUTION}", f"--kubelet-request-timeout={KUBELET_TIMEOUT}",
         "--profiling=false", "--v=0",
     ]
+
+
+def proxy_env(egress_port: int | None) -> dict[str, str]:
+    """The environment that sends its kubelet connections through the egress on ``egress_port`` (none: {}).
+
+    Go's proxy rules never proxy loopback addresses, so the apiserver at 127.0.0.1 is dialled directly.
+    """
+    if egress_port is None:
+        return {}
+    proxy = f"http://127.0.0.1:{egress_port}"
+    return {"HTTPS_PROXY": proxy, "https_proxy": proxy, "NO_PROXY": "127.0.0.1,localhost",
+            "no_proxy": "127.0.0.1,localhost"}
 
 
 def objects(port: int, ca_bundle: bytes) -> list[dict[str, Any]]:

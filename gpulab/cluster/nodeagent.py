@@ -50,7 +50,13 @@ def main(argv: list[str] | None = None) -> int:
     # The GPU side of every GPU node: device managers, GPUs, NVIDIA's programs.
     gpus = GpuStack(args.cluster_dir)
     # The nodes' network namespace (started or adopted) with the apiserver relayed in, before any pod.
-    relay = ApiRelay(args.cluster_dir, args.apiserver_port) if sandbox.kind() == "namespaces" else None
+    ports = StateDir(args.cluster_dir).state().get("ports", {})
+    # The nodes' kubelet endpoints (KWOK's kubelet API, this agent's resource metrics), which the egress
+    # dials on the host for any node's address.
+    kubelet_ports = frozenset(int(ports[k]) for k in ("kwok", RESOURCE_METRICS_PORT) if ports.get(k))
+    relay = (ApiRelay(args.cluster_dir, args.apiserver_port, kubelet_ports,
+                      int(ports.get("egress") or 0) or None)
+             if sandbox.kind() == "namespaces" else None)
     if relay is not None:
         try:
             relay.start()
@@ -78,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGINT, on_term)
-    port = int(StateDir(args.cluster_dir).state().get("ports", {}).get(RESOURCE_METRICS_PORT) or 0)
+    port = int(ports.get(RESOURCE_METRICS_PORT) or 0)
     metrics = ResourceMetricsServer(ResourceMetrics(agent).page, args.cluster_dir / "pki", SERVING_CERT, port)
     metrics.start()
     logging.getLogger("gpulab.runtime").info("serving resource metrics on https://127.0.0.1:%d", metrics.port)

@@ -19,8 +19,9 @@ import yaml
 
 from ..kube import api
 from .base import ClusterError
-from ..kube.names import NODE_ANNOTATION, PROVISIONER, STORAGE_CLASS
+from ..kube.names import LOOPBACK_NODE_ADDRESS, NODE_ANNOTATION, PROVISIONER, STORAGE_CLASS, node_address
 from ..kube.topology import NodeSpec, Topology
+from ..runtime import sandbox
 from ..runtime.resourcemetrics import PATH_ANNOTATION, node_path
 
 if TYPE_CHECKING:
@@ -49,7 +50,24 @@ def hardware_labels(spec: NodeSpec) -> dict[str, str]:
     return gfd.nfd_labels(spec.gpu_model, spec.gpu_count)
 
 
-def node_object(spec: NodeSpec, annotation: tuple[str, str]) -> dict[str, Any]:
+def addresses(spec: NodeSpec, index: int, pod_network: bool) -> list[dict[str, str]]:
+    """What a kubelet reports as the node's addresses: its InternalIP and its hostname.
+
+    On a pod network each node has an address of its own there (:func:`gpulab.kube.names.node_address`),
+    which pods reach (NodePorts, hostPorts) and the apiserver dials through its egress; without one the
+    nodes share the host's loopback.
+    """
+    ip = node_address(index) if pod_network else LOOPBACK_NODE_ADDRESS
+    return [{"type": "InternalIP", "address": ip}, {"type": "Hostname", "address": spec.name}]
+
+
+def internal_ips(topo: Topology, pod_network: bool) -> tuple[str, ...]:
+    """Every node's InternalIP (what a certificate serving the kubelet API for all of them must name)."""
+    return tuple(sorted({addresses(spec, i, pod_network)[0]["address"] for i, spec in enumerate(topo.nodes)}))
+
+
+def node_object(spec: NodeSpec, annotation: tuple[str, str],
+                node_addresses: list[dict[str, str]] | None = None) -> dict[str, Any]:
     from .. import versions
 
     labels = {**base_labels(spec), **hardware_labels(spec), **spec.labels}
@@ -77,6 +95,7 @@ def node_object(spec: NodeSpec, annotation: tuple[str, str]) -> dict[str, Any]:
         },
         "spec": {"taints": [t.to_api() for t in spec.taints]} if spec.taints else {},
         "status": {
+            "addresses": node_addresses or [],
             "capacity": resources,
             "allocatable": dict(resources),
             "nodeInfo": {
@@ -123,12 +142,18 @@ def bootstrap(cluster: "EmbeddedCluster", topo: Topology, crds: tuple[Path, ...]
     if client.get("StorageClass", STORAGE_CLASS) is None:
         client.create(storage_class(STORAGE_CLASS, PROVISIONER))
     created = 0
-    for spec in topo.nodes:
+    pod_network = sandbox.kind() == "namespaces"
+    for index, spec in enumerate(topo.nodes):
         node = client.get("Node", spec.name)
+        want = addresses(spec, index, pod_network)
         if node is None:
-            client.create(node_object(spec, NODE_ANNOTATION))
+            client.create(node_object(spec, NODE_ANNOTATION, want))
             created += 1
-        elif (node["metadata"].get("annotations") or {}).get(PATH_ANNOTATION) != node_path(spec.name):
+            continue
+        if (node.get("status") or {}).get("addresses") != want:
+            # Registered by another version or in another sandbox mode: the kubelet reports what it has now.
+            client.patch("Node", spec.name, {"status": {"addresses": want}}, subresource="status")
+        if (node["metadata"].get("annotations") or {}).get(PATH_ANNOTATION) != node_path(spec.name):
             # A node registered before gpulab served resource metrics.
             client.patch("Node", spec.name, {"metadata": {"annotations": {PATH_ANNOTATION: node_path(spec.name)}}})
     if created:

@@ -6,6 +6,8 @@ ones that read it cannot drift apart.
 
 from __future__ import annotations
 
+import ipaddress
+
 # Where NVIDIA's GPU Operator and its operands (device plugin, GFD, MIG manager,
 # DCGM exporter, validator) run, on the embedded backend as on kind.
 OPERATOR_NAMESPACE = "gpu-operator"
@@ -30,6 +32,20 @@ CLUSTER_DOMAIN = "cluster.local"
 # Where the apiserver is advertised inside the pod network (the `kubernetes` Service's endpoint):
 # an address of the cluster's network namespace, relayed to the apiserver on the host's 127.0.0.1.
 API_ADDRESS = "10.255.0.1"
+# The nodes' own addresses (each node's InternalIP, a hostNetwork pod's IP) where there is a pod network:
+# addresses of the cluster's network namespace, which stands for the nodes' host network, as a node's
+# address is on its own machine. Node i of the topology gets NODE_CIDR's address i + 2 (as kind numbers
+# its nodes). Without a pod network (GPULAB_SANDBOX=process) every node is at 127.0.0.1.
+NODE_CIDR = "10.240.0.0/16"
+LOOPBACK_NODE_ADDRESS = "127.0.0.1"
+
+
+def node_address(index: int) -> str:
+    """The InternalIP of the topology's node number ``index`` (from 0) on a cluster with a pod network."""
+    net = ipaddress.ip_network(NODE_CIDR)
+    if not 0 <= index < net.num_addresses - 3:
+        raise ValueError(f"node index {index} is outside {NODE_CIDR} (0 to {net.num_addresses - 4})")
+    return str(net[index + 2])
 
 # The GPU Operator's ClusterPolicy (cluster-scoped; one per cluster, as the operator's Helm chart names it).
 CLUSTER_POLICY = "cluster-policy"

@@ -172,11 +172,20 @@ def issue_client(pki: Path, stem: str, user: str, groups: tuple[str, ...] = ()) 
     return crt_path, key_path
 
 
-def issue_server(pki: Path, stem: str, cn: str, dns_names: tuple[str, ...]) -> tuple[Path, Path]:
-    """A serving certificate (e.g. for an extension apiserver behind a Service); idempotent."""
+def issue_server(pki: Path, stem: str, cn: str, dns_names: tuple[str, ...],
+                 ips: tuple[str, ...] = ()) -> tuple[Path, Path]:
+    """A serving certificate (e.g. for an extension apiserver behind a Service, or the kubelet endpoint of
+    the nodes at their addresses); idempotent: reissued only when an address in ``ips`` is missing."""
     crt_path, key_path = pki / f"{stem}.crt", pki / f"{stem}.key"
-    if crt_path.exists() and key_path.exists():
+    want_ips = ("127.0.0.1", *ips)
+    if crt_path.exists() and key_path.exists() and _names_all(crt_path, want_ips):
         return crt_path, key_path
+    ca = _load(pki, "ca")
+    key = _key()
+    _write_cert(_sign(_name(cn), key, ca, server=True, dns_names=("localhost", *dns_names), ips=want_ips),
+                crt_path)
+    _write_key(key, key_path)
+    return crt_path, key_path
     ca = _load(pki, "ca")
     key = _key()
     _write_cert(_sign(_name(cn), key, ca, server=True, dns_names=("localhost", *dns_names)), crt_path)

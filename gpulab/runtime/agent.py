@@ -140,7 +140,9 @@ class NodeAgent:
             self.nodes.discard(name)
             return
         self.nodes.add(name)
-        self.network.set_node(name, node.get("spec", {}).get("podCIDR"))
+        internal = [a.get("address") for a in (node.get("status") or {}).get("addresses") or []
+                    if a.get("type") == "InternalIP"]
+        self.network.set_node(name, node.get("spec", {}).get("podCIDR"), internal[0] if internal else None)
 
     def _on_pod(self, pod: dict[str, Any], deleted: bool = False) -> None:
         uid = pod["metadata"]["uid"]

@@ -1,7 +1,7 @@
 """The inside half of the pod network: the process that holds the cluster's network namespace.
 
 :mod:`gpulab.runtime.network` (the host half) starts it as
-``unshare [--user --map-root-user] --net -- python -m gpulab.runtime.netholder DIR``:
+``unshare [--user --map-root-user] --net -- python -m gpulab.runtime.netholder DIR API NODES``:
 a network namespace of gpulab's own — and, for an ordinary account, a user
 namespace that owns it, as rootless Kubernetes does. The namespace plays the
 nodes' shared host network: the CNI plugins put each node's bridge (the
@@ -14,6 +14,9 @@ What this process does, besides keeping the namespace alive:
 - brings ``lo`` up, turns forwarding on (pods of different nodes reach each
   other through the bridges' routes) and gives ``lo`` the address at which
   the ``kubernetes`` Service's endpoint, the apiserver, is advertised;
+  makes the nodes' addresses (``NODES``, a CIDR: each node's InternalIP) local
+  here, as a node's address is on its machine: NodePorts and hostPorts
+  answer at them;
 - relays the apiserver: a TCP listener on that port inside forwards each
   connection to a unix socket in ``DIR``, where the host half connects it to
   the real apiserver on the host's 127.0.0.1 (kube-proxy and pods reach the
@@ -100,9 +103,10 @@ def _run(argv: list[str]) -> None:
 
 
 class Holder:
-    def __init__(self, directory: Path, api_address: str):
+    def __init__(self, directory: Path, api_address: str, node_cidr: str):
         self.dir = directory
         self.api_address = api_address
+        self.node_cidr = node_cidr
         self.relays: dict[int, socket.socket] = {}
         self.lock = threading.Lock()
 
@@ -111,6 +115,8 @@ class Holder:
     def configure(self) -> None:
         _run(["ip", "link", "set", "lo", "up"])
         _run(["ip", "addr", "replace", f"{self.api_address}/32", "dev", "lo"])
+        # Every node address is this namespace's own (a local route: however many nodes there are).
+        _run(["ip", "route", "replace", "local", self.node_cidr, "dev", "lo"])
         # A node has a default route. Here it leads nowhere (a veth whose other end stays down: what
         # leaves is dropped, as on a node with no way out), but with it a ClusterIP is routable from the
         # nodes' own network, for kube-proxy's rules to rewrite. (A dummy link needs a kernel module
@@ -199,9 +205,9 @@ class Holder:
 
 
 def main(argv: list[str]) -> int:
-    directory, api_address = Path(argv[1]), argv[2]
+    directory, api_address, node_cidr = Path(argv[1]), argv[2], argv[3]
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    holder = Holder(directory, api_address)
+    holder = Holder(directory, api_address, node_cidr)
     try:
         holder.configure()
     except (OSError, subprocess.CalledProcessError) as e:

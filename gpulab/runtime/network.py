@@ -48,7 +48,7 @@ from typing import Any, Callable
 
 from .. import _poll, _proc
 from .._fsutil import atomic_write_json, socket_home
-from ..kube.names import API_ADDRESS, POD_CIDR, SERVICE_CIDR
+from ..kube.names import API_ADDRESS, LOOPBACK_NODE_ADDRESS, NODE_CIDR, POD_CIDR, SERVICE_CIDR
 from . import netholder
 from .netholder import splice
 
@@ -172,7 +172,8 @@ class ClusterNetwork:
         argv = [_which("unshare", "util-linux")]
         if rootless():
             argv += ["--user", "--map-root-user"]
-        argv += ["--net", "--", sys.executable, "-m", "gpulab.runtime.netholder", str(self.dir), API_ADDRESS]
+        argv += ["--net", "--", sys.executable, "-m", "gpulab.runtime.netholder", str(self.dir), API_ADDRESS,
+                 NODE_CIDR]
         with open(self.dir / "holder.log", "ab") as out:
             # A session of its own, and no parent-death signal: the namespace outlives the host half
             # (a crash of it loses no pod's network) until `gpulab down` stops it.
@@ -219,20 +220,19 @@ def dial_host(host: str, port: int, timeout: float) -> socket.socket:
     return sock
 
 
-class UnixServer:
-    """A unix socket (mode 0600) in the network's directory; a thread of its own handles each connection."""
+class StreamServer:
+    """A listening socket; a thread of its own handles each connection. Subclasses say where it listens."""
 
-    def __init__(self, path: Path, handle: Callable[[socket.socket], None], name: str):
-        self.path = path
+    def __init__(self, handle: Callable[[socket.socket], None], name: str):
         self.handle = handle
         self.name = name
         self._server: socket.socket | None = None
 
+    def _listen(self) -> socket.socket:
+        raise NotImplementedError
+
     def start(self) -> None:
-        self.path.unlink(missing_ok=True)
-        server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        server.bind(str(self.path))
-        self.path.chmod(0o600)
+        server = self._listen()
         server.listen(128)
         self._server = server
         threading.Thread(target=self._serve, args=(server,), daemon=True, name=self.name).start()
@@ -258,7 +258,40 @@ class UnixServer:
                 self._server.shutdown(socket.SHUT_RDWR)
             self._server.close()
             self._server = None
-            self.path.unlink(missing_ok=True)
+
+
+class UnixServer(StreamServer):
+    """On a unix socket (mode 0600) in the network's directory."""
+
+    def __init__(self, path: Path, handle: Callable[[socket.socket], None], name: str):
+        super().__init__(handle, name)
+        self.path = path
+
+    def _listen(self) -> socket.socket:
+        self.path.unlink(missing_ok=True)
+        server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        server.bind(str(self.path))
+        self.path.chmod(0o600)
+        return server
+
+    def stop(self) -> None:
+        super().stop()
+        self.path.unlink(missing_ok=True)
+
+
+class LoopbackServer(StreamServer):
+    """On a TCP port of the host's 127.0.0.1 (0: any free one; :attr:`port` says which once started)."""
+
+    def __init__(self, port: int, handle: Callable[[socket.socket], None], name: str):
+        super().__init__(handle, name)
+        self.port = port
+
+    def _listen(self) -> socket.socket:
+        server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        server.bind(("127.0.0.1", self.port))
+        self.port = server.getsockname()[1]
+        return server
 
 
 class EgressRefused(ValueError):
@@ -269,30 +302,37 @@ class NotConnect(ValueError):
     """An HTTP request other than CONNECT (answered 405)."""
 
 
-#: What the egress dials inside the pod network: pods, Services, and the apiserver's own address there.
-EGRESS_NETWORK = tuple(ipaddress.ip_network(c) for c in (POD_CIDR, SERVICE_CIDR, f"{API_ADDRESS}/32"))
+#: What the egress dials inside the pod network: pods, Services, the nodes' addresses, and the apiserver's.
+EGRESS_NETWORK = tuple(ipaddress.ip_network(c) for c in (POD_CIDR, SERVICE_CIDR, NODE_CIDR, f"{API_ADDRESS}/32"))
+NODE_NETWORK = ipaddress.ip_network(NODE_CIDR)
 EGRESS_HOST, EGRESS_POD_NETWORK = "host", "pod network"
 
 
-def egress_route(host: str) -> tuple[str, str]:
-    """Where kube-apiserver's egress dials ``host``, and the address: (``"host"``, its loopback) for
-    ``localhost`` and 127.0.0.0/8 (KWOK's kubelet API at a node's InternalIP, and the metrics servers behind
-    ``localhost`` ExternalName Services), (``"pod network"``, the IP) for pod and Service addresses.
-    Raises :class:`EgressRefused` for anything else: a name is never resolved, the host's network is not
-    the cluster's."""
+def egress_route(host: str, port: int, kubelet_ports: frozenset[int] = frozenset()) -> tuple[str, str]:
+    """Where the egress dials ``host:port``, and the address.
+
+    (``"host"``, its loopback) for ``localhost`` and 127.0.0.0/8 (the metrics servers behind ``localhost``
+    ExternalName Services), and for a node's InternalIP on a kubelet port (``kubelet_ports``: KWOK's
+    kubelet API and the node agent's resource metrics, one host endpoint for every node, as a node's
+    kubelet is on its machine); (``"pod network"``, the IP) for pod and Service addresses and a node's
+    other ports (NodePorts, hostPorts). Raises :class:`EgressRefused` for anything else: a name is never
+    resolved, the host's network is not the cluster's.
+    """
     if host.lower() == "localhost":
         return EGRESS_HOST, "127.0.0.1"
+    reached = (f"only localhost, 127.0.0.0/8 and the pod, Service and node networks {POD_CIDR}, "
+               f"{SERVICE_CIDR}, {NODE_CIDR} are reached")
     try:
         ip = ipaddress.ip_address(host)
     except ValueError:
-        raise EgressRefused(f"{host} is not an address of the cluster (only localhost, 127.0.0.0/8 and the "
-                            f"pod and Service networks {POD_CIDR}, {SERVICE_CIDR} are reached)") from None
+        raise EgressRefused(f"{host} is not an address of the cluster ({reached})") from None
     if ip.is_loopback:
         return EGRESS_HOST, str(ip)
+    if ip in NODE_NETWORK and port in kubelet_ports:
+        return EGRESS_HOST, "127.0.0.1"
     if any(ip in net for net in EGRESS_NETWORK):
         return EGRESS_POD_NETWORK, str(ip)
-    raise EgressRefused(f"{ip} is outside the cluster (only localhost, 127.0.0.0/8 and the pod and Service "
-                        f"networks {POD_CIDR}, {SERVICE_CIDR} are reached)")
+    raise EgressRefused(f"{ip} is outside the cluster ({reached})")
 
 
 def parse_connect(head: bytes) -> tuple[str, int]:
@@ -331,10 +371,14 @@ class EgressProxy:
 
     kube-apiserver is a host process; the pod network is gpulab's own namespace, which it cannot reach.
     This is how a control plane reaches a cluster network it is not on (Konnectivity's HTTP CONNECT mode):
-    each connection is ``CONNECT host:port HTTP/1.1`` and headers; pod and Service addresses are dialled
-    inside the pod network (``dial_network``: the holder's dial), ``localhost`` and 127.0.0.0/8 on the host;
-    then ``200 Connection established`` and the bytes both ways. Anything else gets 403, a failed dial 502,
-    each with a one-line reason.
+    each connection is ``CONNECT host:port HTTP/1.1`` and headers; pod, Service and node addresses are
+    dialled inside the pod network (``dial_network``: the holder's dial), ``localhost``, 127.0.0.0/8 and the
+    nodes' kubelet ports on the host (:func:`egress_route`); then ``200 Connection established`` and the
+    bytes both ways. Anything else gets 403, a failed dial 502, each with a one-line reason.
+
+    The same proxy serves host programs that reach the nodes as a cluster's own components do
+    (metrics-server scrapes the kubelets at their InternalIPs): on a port of the host's 127.0.0.1, as an
+    ``HTTPS_PROXY``.
     """
 
     HEAD_LIMIT = 16384
@@ -342,9 +386,11 @@ class EgressProxy:
     DIAL_TIMEOUT = 10.0
 
     def __init__(self, dial_network: Callable[[str, int, float], socket.socket],
-                 dial_host: Callable[[str, int, float], socket.socket] = dial_host):
+                 dial_host: Callable[[str, int, float], socket.socket] = dial_host,
+                 kubelet_ports: frozenset[int] = frozenset()):
         self.dial_network = dial_network
         self.dial_host = dial_host
+        self.kubelet_ports = kubelet_ports
 
     def handle(self, client: socket.socket) -> None:
         """Serve one connection: the CONNECT request, the dial, then the splice (or a refusal)."""
@@ -365,7 +411,7 @@ class EgressProxy:
             self._refuse(client, 405 if isinstance(e, NotConnect) else 400, str(e))
             return
         try:
-            where, address = egress_route(host)
+            where, address = egress_route(host, port, self.kubelet_ports)
         except EgressRefused as e:
             log.info("egress: refused CONNECT %s:%d: %s", host, port, e)
             self._refuse(client, 403, str(e))
@@ -406,12 +452,17 @@ class ApiRelay:
     proxies, aggregated APIs) fails until the egress socket is back.
     """
 
-    def __init__(self, cluster_dir: Path, api_port: int):
+    def __init__(self, cluster_dir: Path, api_port: int, kubelet_ports: frozenset[int] = frozenset(),
+                 egress_port: int | None = None):
         self.network = ClusterNetwork(cluster_dir)
         self.api_port = api_port
-        self.servers = [UnixServer(self.network.dir / netholder.API_SOCKET, self._relay, "apiserver-relay"),
-                        UnixServer(self.network.dir / EGRESS_SOCKET, EgressProxy(self.network.dial).handle,
-                                   "apiserver-egress")]
+        egress = EgressProxy(self.network.dial, kubelet_ports=kubelet_ports).handle
+        self.servers: list[StreamServer] = [
+            UnixServer(self.network.dir / netholder.API_SOCKET, self._relay, "apiserver-relay"),
+            UnixServer(self.network.dir / EGRESS_SOCKET, egress, "apiserver-egress")]
+        if egress_port is not None:
+            # For host programs that reach the nodes as components do (metrics-server's HTTPS_PROXY).
+            self.servers.append(LoopbackServer(egress_port, egress, "egress"))
 
     def start(self) -> None:
         network = self.network
@@ -521,6 +572,7 @@ class PodNetwork:
         # isolated: pods get namespaces of their own (the namespaces sandbox); else IPs only.
         self.isolated = isolated
         self.cidrs: dict[str, str] = {}
+        self.addresses: dict[str, str] = {}
         self.lock = threading.Lock()
 
     # -- per node ------------------------------------------------------------------------
@@ -528,14 +580,21 @@ class PodNetwork:
     def conf_path(self, node: str) -> Path:
         return self.nodes_dir / node / "host" / "etc" / "cni" / "net.d" / CNI_CONF
 
-    def set_node(self, node: str, pod_cidr: str | None) -> None:
-        """The node's podCIDR is known (node IPAM gave it one): write its CNI config."""
+    def set_node(self, node: str, pod_cidr: str | None, address: str | None = None) -> None:
+        """The node as registered: its InternalIP (``address``) and, once node IPAM gave it one, its podCIDR,
+        for which its CNI config is written."""
+        if address:
+            self.addresses[node] = address
         if not pod_cidr or self.cidrs.get(node) == pod_cidr:
             return
         path = self.conf_path(node)
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_json(path, conflist(self.nodes_dir / node / "host", pod_cidr, bridge_name(pod_cidr)))
         self.cidrs[node] = pod_cidr
+
+    def node_address(self, node: str) -> str:
+        """The node's InternalIP: a pod's ``status.hostIP``, a hostNetwork pod's IP."""
+        return self.addresses.get(node, LOOPBACK_NODE_ADDRESS)
 
     def ready_for(self, node: str) -> bool:
         return self.conf_path(node).is_file()
@@ -558,20 +617,25 @@ class PodNetwork:
             self.teardown(pod, node, pod_dir)  # a sandbox that died (the node went down): a new one
         conf = self._conf(node)
         host_network = bool((pod.get("spec") or {}).get("hostNetwork"))
-        if not self.isolated or host_network or not processes:
+        if self.isolated and host_network:
+            # The node's own network, the namespace the holder keeps, and the node's address: no CNI.
+            holder = self.cluster.holder()
+            if holder is None:
+                raise NetworkError("the pod network is not running (its holder is gone); `gpulab up` starts it")
+            record: dict[str, Any] = {"ip": self.node_address(node), "host_network": True, "join_pid": holder,
+                                      "join_start": _proc.started(holder)}
+            atomic_write_json(pod_dir / POD_FILE, record)
+            return PodSandbox(record["ip"], holder, record["join_start"], shared=True)
+        if not self.isolated or not processes:
             try:
                 result = self._cni_ipam(pod, conf, "ADD")
             except NetworkError:
                 with contextlib.suppress(NetworkError):
                     self._cni_ipam(pod, conf, "DEL")
                 raise
-            record: dict[str, Any] = {"ip": _first_ip(result), "result": result, "ipam_only": True}
-            if self.isolated and host_network:
-                # The node's own network: the namespace the holder keeps.
-                holder = self.cluster.holder()
-                record.update(join_pid=holder, join_start=_proc.started(holder) if holder else None)
+            record = {"ip": _first_ip(result), "result": result, "ipam_only": True}
             atomic_write_json(pod_dir / POD_FILE, record)
-            return PodSandbox(record["ip"], record.get("join_pid"), record.get("join_start"), shared=True)
+            return PodSandbox(record["ip"], shared=True)
         if not self.cluster.available():
             raise NetworkError("the pod network is not running (its holder is gone); `gpulab up` starts it")
         pid, start = self._start_sandbox(pod_dir)
@@ -603,7 +667,7 @@ class PodNetwork:
             return None
         if info.get("ip") is None and not info.get("sandbox_pid"):
             return None
-        if info.get("ipam_only"):
+        if info.get("ipam_only") or info.get("host_network"):
             return PodSandbox(info.get("ip"), info.get("join_pid"), info.get("join_start"), shared=True)
         return PodSandbox(info.get("ip"), info.get("sandbox_pid"), info.get("sandbox_start"))
 
@@ -612,6 +676,9 @@ class PodNetwork:
         try:
             info = json.loads((pod_dir / POD_FILE).read_text())
         except (OSError, ValueError):
+            return
+        if info.get("host_network"):
+            (pod_dir / POD_FILE).unlink(missing_ok=True)  # nothing of the node's network was the pod's
             return
         try:
             conf = self._conf(node)

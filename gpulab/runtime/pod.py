@@ -632,7 +632,8 @@ class PodWorker(threading.Thread):
             data = self._source_data("Secret" if secret else "ConfigMap", ref, ns)
             env.update({prefix + k: v for k, v in data.items()})
         pod = dict(self.pod)
-        pod["status"] = {**(self.pod.get("status") or {}), "podIP": self.pod_ip or "", "hostIP": "127.0.0.1"}
+        pod["status"] = {**(self.pod.get("status") or {}), "podIP": self.pod_ip or "",
+                         "hostIP": self.agent.network.node_address(self.node)}
         for var in c.spec.get("env") or []:
             name = var["name"]
             if "value" in var:
@@ -767,8 +768,8 @@ class PodWorker(threading.Thread):
         status: dict[str, Any] = {
             "phase": phase,
             "conditions": conditions,
-            "hostIP": "127.0.0.1",
-            "hostIPs": [{"ip": "127.0.0.1"}],
+            "hostIP": self.agent.network.node_address(self.node),
+            "hostIPs": [{"ip": self.agent.network.node_address(self.node)}],
             "startTime": rfc3339(self.start_time or time.time()),
             "containerStatuses": containers,
         }

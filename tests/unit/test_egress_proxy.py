@@ -42,9 +42,13 @@ class FakeDialer:
         return ours
 
 
+#: The nodes' kubelet endpoints in these tests (KWOK's kubelet API, the node agent's resource metrics).
+KUBELET_PORTS = frozenset({10250, 10255})
+
+
 def _proxy(**dialers: FakeDialer) -> tuple[EgressProxy, FakeDialer, FakeDialer]:
     pod, host = dialers.get("pod", FakeDialer()), dialers.get("host", FakeDialer())
-    return EgressProxy(pod, host), pod, host
+    return EgressProxy(pod, host, KUBELET_PORTS), pod, host
 
 
 def _ask(proxy: EgressProxy, request: bytes) -> tuple[socket.socket, bytes]:
@@ -87,7 +91,9 @@ def test_a_pod_address_is_dialled_in_the_pod_network_and_spliced_both_ways():
 
 
 @pytest.mark.parametrize("target,dialled", [("10.96.0.10:53", ("10.96.0.10", 53)),  # a Service's ClusterIP
-                                            ("10.255.0.1:6443", ("10.255.0.1", 6443))])  # the apiserver there
+                                            ("10.255.0.1:6443", ("10.255.0.1", 6443)),  # the apiserver there
+                                            ("10.240.0.3:30080", ("10.240.0.3", 30080)),  # a node's NodePort
+                                            ("10.240.0.2:8080", ("10.240.0.2", 8080))])  # a node's hostPort
 def test_service_addresses_go_to_the_pod_network_too(target, dialled):
     proxy, pod, host = _proxy()
     client, answer = _ask(proxy, connect(target))
@@ -96,7 +102,10 @@ def test_service_addresses_go_to_the_pod_network_too(target, dialled):
 
 
 @pytest.mark.parametrize("target,dialled", [("localhost:10250", ("127.0.0.1", 10250)),  # an ExternalName Service
-                                            ("127.0.0.1:10250", ("127.0.0.1", 10250)),  # a node's InternalIP (KWOK)
+                                            ("127.0.0.1:10250", ("127.0.0.1", 10250)),  # a node at the loopback
+                                            # A node's kubelet (KWOK) and resource metrics, at its InternalIP.
+                                            ("10.240.0.2:10250", ("127.0.0.1", 10250)),
+                                            ("10.240.3.231:10255", ("127.0.0.1", 10255)),
                                             ("127.0.0.2:443", ("127.0.0.2", 443)),
                                             ("[::1]:443", ("::1", 443))])
 def test_localhost_and_the_loopback_are_dialled_on_the_host(target, dialled):
@@ -155,10 +164,14 @@ def test_parse_connect_and_the_route():
     assert network.parse_connect(b"CONNECT [::1]:8443 HTTP/1.0") == ("::1", 8443)
     with pytest.raises(ValueError):  # (kube-apiserver resolves a Service's named ports before it dials)
         network.parse_connect(b"CONNECT 10.244.0.7:http HTTP/1.1")
-    assert network.egress_route("LOCALHOST") == ("host", "127.0.0.1")
-    assert network.egress_route("10.244.255.254") == ("pod network", "10.244.255.254")
+    assert network.egress_route("LOCALHOST", 443) == ("host", "127.0.0.1")
+    assert network.egress_route("10.244.255.254", 80) == ("pod network", "10.244.255.254")
+    # A node's address: its kubelet's ports on the host, everything else on the nodes' network.
+    assert network.egress_route("10.240.0.9", 10250, KUBELET_PORTS) == ("host", "127.0.0.1")
+    assert network.egress_route("10.240.0.9", 10250) == ("pod network", "10.240.0.9")
+    assert network.egress_route("10.240.0.9", 22, KUBELET_PORTS) == ("pod network", "10.240.0.9")
     with pytest.raises(EgressRefused):
-        network.egress_route("192.168.1.1")
+        network.egress_route("192.168.1.1", 80)
 
 
 def test_the_egress_socket_serves_connect_for_anyone_with_mode_0600_only(tmp_path):
@@ -180,6 +193,24 @@ def test_the_egress_socket_serves_connect_for_anyone_with_mode_0600_only(tmp_pat
     finally:
         server.stop()
     assert not path.exists()
+
+
+def test_the_egress_port_on_the_loopback_serves_host_programs_as_a_proxy():
+    proxy, pod, host = _proxy()
+    server = network.LoopbackServer(0, proxy.handle, "egress-test")
+    server.start()
+    try:
+        assert server.port > 0
+        with socket.create_connection(("127.0.0.1", server.port), timeout=5) as conn:
+            conn.sendall(connect("10.240.0.2:10255"))  # metrics-server, to a node's resource metrics
+            assert conn.recv(4096) == b"HTTP/1.1 200 Connection established\r\n\r\n"
+            conn.sendall(b"tls")
+            assert conn.recv(4096) == b"TLS"
+        assert [c[:2] for c in host.calls] == [("127.0.0.1", 10255)] and not pod.calls
+    finally:
+        server.stop()
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", server.port), timeout=1)
 
 
 def test_the_apiserver_gets_the_egress_config_only_with_a_pod_network(tmp_path, monkeypatch):

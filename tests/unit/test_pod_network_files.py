@@ -70,3 +70,49 @@ def test_an_image_is_known_by_its_repository_whatever_its_tag_or_digest():
     assert catalog.lookup("registry.k8s.io/coredns/coredns@sha256:abc") is not None
     assert catalog.lookup("localhost:5000/coredns") is None
     assert images.image_repository("localhost:5000/x/y:1") == "localhost:5000/x/y"
+
+
+def test_each_node_has_an_address_of_its_own_on_the_pod_network_and_the_loopback_without_one():
+    from gpulab.cluster import nodes
+    from gpulab.kube import names, topology
+
+    topo = topology.load(Path(__file__).parents[2] / "manifests" / "topologies" / "default.yaml")
+    with_network = [nodes.addresses(spec, i, True) for i, spec in enumerate(topo.nodes)]
+    assert [a[0] for a in with_network] == [{"type": "InternalIP", "address": f"10.240.0.{i + 2}"}
+                                             for i in range(len(topo.nodes))]
+    assert [a[1] for a in with_network] == [{"type": "Hostname", "address": s.name} for s in topo.nodes]
+    assert nodes.internal_ips(topo, False) == ("127.0.0.1",)
+    assert len(nodes.internal_ips(topo, True)) == len(topo.nodes)
+    assert names.node_address(999) == "10.240.3.233"  # a 1000-node fleet fits
+    for bad in (-1, 65533):
+        try:
+            names.node_address(bad)
+        except ValueError as e:
+            assert str(bad) in str(e) and names.NODE_CIDR in str(e)
+        else:
+            raise AssertionError(f"node index {bad} was given an address")
+
+
+def test_a_host_program_reaches_the_nodes_through_the_egress_and_the_apiserver_directly():
+    from gpulab.cluster import metricsserver
+
+    assert metricsserver.proxy_env(None) == {}
+    env = metricsserver.proxy_env(40123)
+    assert env["HTTPS_PROXY"] == env["https_proxy"] == "http://127.0.0.1:40123"
+    assert "127.0.0.1" in env["NO_PROXY"].split(",")
+
+
+def test_a_serving_certificate_is_reissued_when_it_lacks_an_address(tmp_path: Path):
+    from cryptography import x509
+
+    from gpulab.kube import pki
+
+    pki.ensure(tmp_path)
+    crt, _ = pki.issue_server(tmp_path, "node-agent", "gpulab:node-agent", ())
+    first = crt.read_bytes()
+    assert pki.issue_server(tmp_path, "node-agent", "gpulab:node-agent", ())[0].read_bytes() == first
+    pki.issue_server(tmp_path, "node-agent", "gpulab:node-agent", (), ("10.240.0.2", "10.240.0.3"))
+    sans = x509.load_pem_x509_certificate(crt.read_bytes()).extensions.get_extension_for_class(
+        x509.SubjectAlternativeName).value
+    assert {str(ip) for ip in sans.get_values_for_type(x509.IPAddress)} == {"127.0.0.1", "10.240.0.2",
+                                                                            "10.240.0.3"}
