@@ -225,11 +225,32 @@ def test_session_affinity_keeps_a_client_on_one_endpoint(kube, kubectl, ns):
 def test_a_nodeport_answers_on_the_nodes_addresses(kube, kubectl, ns):
     _two_servers_behind(kube, ns, {"type": "NodePort"})
     node_port = kube.get("Service", "web", ns)["spec"]["ports"][0]["nodePort"]
-    # A node's address on the pod network: its bridge's, the gateway of its podCIDR.
-    cidr = next(n for n in kube.list("Node") if n["metadata"]["name"] == "cpu-node-2")["spec"]["podCIDR"]
-    gateway = cidr.rsplit(".", 1)[0] + ".1"
-    create(kube, ns, pod("cli", _answers(f"http://{gateway}:{node_port}/", 10), node="cpu-node-1"))
-    done = wait_for(lambda: pod_finished(kube, ns, "cli"), 90, what="client finished")
-    assert done["status"]["phase"] == "Succeeded"
-    endpoints, answered = map(int, logs(kubectl, ns, "cli").split())
-    assert answered == 10 and endpoints in (1, 2)
+    # Another node's InternalIP, as `kubectl get nodes -o wide` shows it, and its bridge's gateway.
+    node = kube.get("Node", "cpu-node-2")
+    internal = next(a["address"] for a in node["status"]["addresses"] if a["type"] == "InternalIP")
+    assert internal.startswith("10.240.0.")
+    gateway = node["spec"]["podCIDR"].rsplit(".", 1)[0] + ".1"
+    for name, address in (("cli", internal), ("cli-gw", gateway)):
+        create(kube, ns, pod(name, _answers(f"http://{address}:{node_port}/", 10), node="cpu-node-1"))
+    for name in ("cli", "cli-gw"):
+        done = wait_for(lambda: pod_finished(kube, ns, name), 90, what=f"{name} finished")
+        assert done["status"]["phase"] == "Succeeded", logs(kubectl, ns, name)
+        endpoints, answered = map(int, logs(kubectl, ns, name).split())
+        assert answered == 10 and endpoints in (1, 2)
+
+
+def test_a_host_network_pod_is_at_its_nodes_address_and_a_host_port_answers_there(kube, kubectl, ns):
+    node = kube.get("Node", "cpu-node-1")
+    internal = next(a["address"] for a in node["status"]["addresses"] if a["type"] == "InternalIP")
+    create(kube, ns, pod("hn", ["sleep", "600"], node="cpu-node-1", hostNetwork=True))
+    web = server("hp", 8080, node="cpu-node-1")
+    web["spec"]["containers"][0]["ports"] = [{"containerPort": 8080, "hostPort": 18080}]
+    create(kube, ns, web)
+    hn = wait_for(lambda: pod_ready(kube, ns, "hn"), 60, what="the hostNetwork pod ready")
+    assert hn["status"]["podIP"] == hn["status"]["hostIP"] == internal
+    hp = wait_for(lambda: pod_ready(kube, ns, "hp"), 60, what="the hostPort pod ready")
+    assert hp["status"]["hostIP"] == internal and hp["status"]["podIP"] != internal
+    # From a pod on another node, to the node's address and the hostPort (the portmap plugin's DNAT).
+    create(kube, ns, pod("cli", fetch(f"http://{internal}:18080/"), node="cpu-node-2"))
+    done = wait_for(lambda: pod_finished(kube, ns, "cli"), 60, what="client finished")
+    assert done["status"]["phase"] == "Succeeded" and logs(kubectl, ns, "cli").startswith("hello from hp")
