@@ -226,6 +226,66 @@ def build(background: bool) -> None:
         click.echo(f"{name:<24} {bins.versions.get(name, ''):<10} {p}")
 
 
+# -- add-ons ---------------------------------------------------------------------
+
+@main.group()
+def addon() -> None:
+    """Add-ons a platform team installs on a cluster (manifests/addons/), e.g. monitoring."""
+
+
+@addon.command(name="list")
+def addon_list() -> None:
+    """The add-ons there are, and whether this cluster has each."""
+    from .cluster import addons
+    from .kube import api
+
+    cluster = _cluster()
+    client = api.Client(cluster.kubeconfig) if cluster.running() else None
+    for name in addons.names():
+        state = ("installed" if addons.installed(client, name) else "not installed") if client else "cluster down"
+        click.echo(f"{name:<16} {state:<14} {addons.root() / name}")
+
+
+@addon.command(name="install")
+@click.argument("name")
+def addon_install(name: str) -> None:
+    """Apply an add-on's manifests and wait until it serves (idempotent: run again after changing them)."""
+    from .cluster import addons, binaries
+    from .kube import api
+
+    if name not in addons.names():
+        _fail(f"unknown add-on {name!r}; there are: {', '.join(addons.names())}", 2)
+    cluster = _cluster()
+    if not cluster.running():
+        _fail("the cluster is not running; start it with `gpulab up`")
+    say = lambda msg: click.echo(f"gpulab: {msg}", err=True)  # noqa: E731
+    if backend.chosen() == "embedded":
+        try:
+            binaries.ensure(say)  # the programs of its images, built once (with progress) if still missing
+        except binaries.BinaryError as e:
+            _fail(str(e))
+    try:
+        click.echo(addons.install(cluster.kubeconfig, name, say))
+    except (addons.AddonError, api.ApiError) as e:
+        _fail(str(e))
+
+
+@addon.command(name="delete")
+@click.argument("name")
+def addon_delete(name: str) -> None:
+    """Delete an add-on's objects from the cluster."""
+    from .cluster import addons
+    from .kube import api
+
+    if name not in addons.names():
+        _fail(f"unknown add-on {name!r}; there are: {', '.join(addons.names())}", 2)
+    cluster = _cluster()
+    try:
+        click.echo(addons.delete(cluster.kubeconfig, name, lambda msg: click.echo(f"gpulab: {msg}", err=True)))
+    except api.ApiError as e:
+        _fail(str(e))
+
+
 # -- quizzes ---------------------------------------------------------------------
 
 @main.command()

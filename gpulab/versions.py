@@ -15,6 +15,13 @@ COREDNS = "v1.14.7"
 # agnhost, the program of Kubernetes' e2e test image registry.k8s.io/e2e-test-images/agnhost: built from
 # the k8s.io/kubernetes module above (test/images/agnhost, whose VERSION file says 2.66.1 at v1.37.2).
 AGNHOST = "v2.66.1"
+# The monitoring stack (`gpulab addon install monitoring`): Prometheus 3.16.0, published on the Go module
+# proxy as github.com/prometheus/prometheus v0.316.0; prometheus-adapter (custom.metrics.k8s.io from PromQL);
+# kube-state-metrics (the objects' state as series: kube_pod_container_resource_requests, ...).
+PROMETHEUS = "v3.16.0"
+PROMETHEUS_MODULE = "v0.316.0"
+PROMETHEUS_ADAPTER = "v0.12.0"
+KUBE_STATE_METRICS = "v2.20.0"
 # The kind backend (`gpulab up --backend kind`): kind itself, and its default node
 # image, whose kubelet is v1.37.0 (the embedded control plane runs v1.37.2).
 KIND = "v0.33.0"
@@ -32,6 +39,10 @@ TABLE = [
     ("CNI plugins (bridge, host-local, loopback, portmap)", CNI_PLUGINS,
      "built with `go build` from the Go module proxy"),
     ("agnhost (Kubernetes' test image)", AGNHOST, f"built with `go build` from k8s.io/kubernetes {KUBERNETES}"),
+    ("Prometheus (server, HTTP API; no web UI)", PROMETHEUS,
+     f"built with `go build` from the Go module proxy (github.com/prometheus/prometheus {PROMETHEUS_MODULE})"),
+    ("prometheus-adapter", PROMETHEUS_ADAPTER, "built with `go build` from the Go module proxy"),
+    ("kube-state-metrics", KUBE_STATE_METRICS, "built with `go build` from the Go module proxy"),
     ("Python kubernetes client", "37.x", "PyPI"),
     ("Kubelet device-plugin API", "v1beta1", "gRPC over a unix socket"),
     ("kind (backend `kind` only)", KIND, "built with `go build` from the Go module proxy"),

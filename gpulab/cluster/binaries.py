@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import mmap
 import os
 import re
 import shutil
@@ -57,9 +58,11 @@ class Build:
     ldflags: str = ""
     # The wrapper module in gobuild/ when not the build's own name (agnhost's is kubernetes's).
     module: str = ""
-    # False: no cluster needs it to start (the program of an image only tests and upstream's e2e suite
-    # run); `gpulab up` leaves it to `gpulab build`, so a first `make lab` does not wait for it.
+    # False: no cluster needs it to start (the program of an image only tests, upstream's e2e suite or an
+    # add-on run); `gpulab up` leaves it to `gpulab build`, so a first `make lab` does not wait for it.
     for_up: bool = True
+    # Go build tags (`go build -tags`), e.g. Prometheus' service-discovery selection.
+    tags: str = ""
 
     @property
     def bin_dir(self) -> Path:
@@ -89,6 +92,13 @@ def _kube_ldflags() -> str:
             f"-X {pkg}.buildDate=1970-01-01T00:00:00Z",
         ]
     return " ".join(flags)
+
+
+def _prometheus_version_ldflags(version: str, date: str) -> str:
+    """What Prometheus' promu stamps into github.com/prometheus/common/version (``--version`` prints it)."""
+    pkg = "github.com/prometheus/common/version"
+    return (f"-s -w -X {pkg}.Version={version} -X {pkg}.Branch=HEAD -X {pkg}.BuildUser=gpulab "
+            f"-X {pkg}.BuildDate={date}")
 
 
 BUILDS = (
@@ -144,11 +154,39 @@ BUILDS = (
         module="kubernetes",
         for_up=False,
     ),
+    # The monitoring add-on (`gpulab addon install monitoring`); no cluster needs them to start.
+    # Prometheus without its web UI (the UI's assets need an npm build; the HTTP API is what lessons use)
+    # and with only Kubernetes service discovery: the tags upstream's Makefile offers to shrink the build.
+    Build(
+        "prometheus",
+        versions.PROMETHEUS,
+        (("github.com/prometheus/prometheus/cmd/prometheus", "prometheus"),),
+        _prometheus_version_ldflags(versions.PROMETHEUS.lstrip("v"), "19700101-00:00:00"),
+        for_up=False,
+        tags="remove_all_sd,enable_kubernetes_sd",
+    ),
+    Build(
+        "prometheus-adapter",
+        versions.PROMETHEUS_ADAPTER,
+        (("sigs.k8s.io/prometheus-adapter/cmd/adapter", "prometheus-adapter"),),
+        "-s -w",
+        for_up=False,
+    ),
+    # kube-state-metrics stamps its version as Prometheus does, and the client-go it was built with.
+    Build(
+        "kube-state-metrics",
+        versions.KUBE_STATE_METRICS,
+        (("k8s.io/kube-state-metrics/v2", "kube-state-metrics"),),
+        _prometheus_version_ldflags(versions.KUBE_STATE_METRICS, "1970-01-01T00:00:00Z")
+        + " -X k8s.io/kube-state-metrics/v2/pkg/app.ClientGoVersion=v0.36.3",
+        for_up=False,
+    ),
 )
 
 REQUIRED = (
     "etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok", "metrics-server",
     "kube-proxy", "coredns", *(f"{CNI_DIR}/{p}" for p in CNI_PLUGINS), "agnhost",
+    "prometheus", "prometheus-adapter", "kube-state-metrics",
 )
 # KWOK's CRDs for per-pod logs, exec and port-forward targets; copied out of the kwok module
 # at build time because the kwok controller does not install them itself.
@@ -188,9 +226,13 @@ class VersionRule:
     # Environment variables set for the run (the CNI plugins tell their version only when
     # CNI_COMMAND is empty).
     env: tuple[tuple[str, str], ...] = ()
+    # The version is read from the binary's own bytes (a module path Go recorded), not from running it.
+    embedded: bool = False
 
     @property
     def pattern(self) -> str:
+        if self.embedded:  # "...@v0.12.0/pkg/...": the version ends where the path goes on
+            return re.escape(self.prefix) + r"(v?\d+\.\d+\.\d+)(?![\w.-])"
         if not self.prefix:  # the version alone, on a line of its own
             return r"(?m)^\s*(v?\d+\.\d+\.\d+\S*)\s*$"
         return re.escape(self.prefix) + ("" if self.glued else r"\s+") + r"(v?\d+\.\d+\.\d+\S*)"
@@ -222,6 +264,14 @@ VERSION_RULES = {
     "coredns": VersionRule(("-version",), "CoreDNS-", versions.COREDNS, prints_v=False, glued=True),
     # "app version 2.66.1" (cobra's version line; the root command is called "app").
     "agnhost": VersionRule(("--version",), "app version", versions.AGNHOST, prints_v=False),
+    # "prometheus, version 3.16.0 (branch: HEAD, revision: ...)", then build user, date, Go version.
+    "prometheus": VersionRule(("--version",), "prometheus, version", versions.PROMETHEUS, prints_v=False),
+    # "kube-state-metrics, version v2.20.0 (branch: ...)", from its `version` subcommand.
+    "kube-state-metrics": VersionRule(("version",), "kube-state-metrics, version", versions.KUBE_STATE_METRICS),
+    # prometheus-adapter has no version flag; Go records the module it was built from in the binary
+    # (the paths of its sources: "sigs.k8s.io/prometheus-adapter@v0.12.0/..."), which is read instead.
+    "prometheus-adapter": VersionRule((), "sigs.k8s.io/prometheus-adapter@", versions.PROMETHEUS_ADAPTER,
+                                      glued=True, embedded=True),
     # Run with no arguments and CNI_COMMAND empty, a plugin prints "CNI bridge plugin v1.9.1"
     # and "CNI protocol versions supported: 0.1.0, ..." (on stderr) and exits 0.
     **{f"{CNI_DIR}/{p}": VersionRule((), f"CNI {p} plugin", versions.CNI_PLUGINS, env=(("CNI_COMMAND", ""),))
@@ -242,6 +292,8 @@ def _stamp(build: Build) -> str:
     for f in _module_files(build):
         h.update(f.read_bytes())
     h.update(build.ldflags.encode())
+    if build.tags:  # (a build without tags keeps the stamp it had before builds had tags)
+        h.update(b"tags:" + build.tags.encode())
     return h.hexdigest()
 
 
@@ -265,7 +317,8 @@ def _go() -> str:
         raise BinaryError(
             "Go toolchain not found on PATH. gpulab builds kube-apiserver, "
             "kube-controller-manager, kube-scheduler, kube-proxy, etcd, kwok, metrics-server, coredns, "
-            "agnhost and the CNI plugins " + ", ".join(CNI_PLUGINS) + " from the Go module "
+            "agnhost, prometheus, prometheus-adapter, kube-state-metrics and the CNI plugins "
+            + ", ".join(CNI_PLUGINS) + " from the Go module "
             f"proxy and needs Go >= {'.'.join(map(str, versions.GO_MIN))}. Install Go, "
             "or set GPULAB_BIN_DIR to a directory holding ready binaries named "
             + ", ".join(REQUIRED)
@@ -319,7 +372,8 @@ def _build(build: Build, go: str, progress: Progress) -> None:
     pkgs = [p for p, _ in build.programs]
     progress(f"{build.name} {build.version}: downloading modules")
     _run_go(go, ["mod", "download"], work, env, f"go mod download for {build.name}")
-    deps = _run_go(go, ["list", "-deps", *pkgs], work, env, f"go list for {build.name}")
+    deps = _run_go(go, ["list", "-deps", *(["-tags", build.tags] if build.tags else []), *pkgs], work, env,
+                   f"go list for {build.name}")
     total = len(deps.split())
     tmp = build.bin_dir.with_name(build.bin_dir.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -327,7 +381,8 @@ def _build(build: Build, go: str, progress: Progress) -> None:
     started = time.monotonic()
     for pkg, out in build.programs:
         (tmp / out).parent.mkdir(parents=True, exist_ok=True)  # cni/bridge
-        cmd = [go, "build", "-v", "-trimpath", "-ldflags", build.ldflags, "-o", str(tmp / out), pkg]
+        cmd = [go, "build", "-v", "-trimpath", *(["-tags", build.tags] if build.tags else []),
+               "-ldflags", build.ldflags, "-o", str(tmp / out), pkg]
         proc = subprocess.Popen(cmd, cwd=work, env=env, stderr=subprocess.PIPE, text=True)
         assert proc.stderr is not None
         seen = 0
@@ -377,6 +432,16 @@ def _parse_version(text: str) -> tuple[int, int, int] | None:
 
 def _version_of(path: Path, rule: VersionRule) -> tuple[str | None, str | None]:
     """(the version ``path`` reports, None) or (None, why it could not be read)."""
+    if rule.embedded:
+        try:
+            with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+                m = re.search(rule.pattern.encode(), data)
+                found = m[1].decode() if m else None
+        except (OSError, ValueError) as e:
+            return None, f"{path} could not be read: {e}"
+        if found:
+            return found, None
+        return None, f"{path} names no module version (expected \"{rule.sample()}\" in the binary)"
     cmd = "`" + " ".join([*(f"{k}={v}" for k, v in rule.env), str(path), *rule.args]) + "`"
     env = dict(os.environ, **dict(rule.env)) if rule.env else None
     try:

@@ -49,8 +49,8 @@ from .base import say_to_stderr as _say
 from ..kube.names import API_ADDRESS, NODE_ANNOTATION, POD_CIDR, SERVICE_CIDR
 from ..runtime import network, sandbox, shim, streaming
 from ..runtime.resourcemetrics import SERVING_CERT as NODE_AGENT_SERVING_CERT
-from . import binaries, clusterdns, kubeproxy, metricsserver, nodes
-from ..kube import kubeconfig, pki
+from . import addons, binaries, clusterdns, kubeproxy, metricsserver, nodes
+from ..kube import api, kubeconfig, pki
 from .processes import Component, ProcessTable, StartError, free_port, http_ok, https_ok, port_is_free, who_listens
 from ..kube.statedir import StateDir
 from ..kube.topology import load as load_topology
@@ -194,7 +194,12 @@ class EmbeddedCluster(StateDir):
             # The stack's pods live on across a restart of the node agent (it adopts
             # them), so their Ready conditions from before it still hold.
             gpu_operator.install(self.kubeconfig, say)
-            monitoring.install(self.kubeconfig, self.pki, ports["custom-metrics"], say)
+            from ..fakegpu import custommetrics
+
+            # Once the monitoring add-on serves custom.metrics.k8s.io, a restart leaves it the API.
+            client = api.Client(self.kubeconfig)
+            taken = any(addons.owns_api_service(client, f"{v}.{custommetrics.GROUP}") for v in ("v1beta1", "v1beta2"))
+            monitoring.install(self.kubeconfig, self.pki, ports["custom-metrics"], say, register=not taken)
             if "kube-proxy" in wanted:
                 # After the GPU Operator: its pod is placed by the scheduler as on a cluster without DNS yet,
                 # so where the lessons show it does not depend on where CoreDNS landed.
@@ -341,6 +346,7 @@ class EmbeddedCluster(StateDir):
             return Component(name, [
                 sys.executable, "-m", "gpulab.cluster.nodeagent", f"--cluster-dir={self.root}",
                 f"--cni-bin={bins.cni_bin_dir}", f"--coredns={bins['coredns']}", f"--agnhost={bins['agnhost']}",
+                *(f"--{image}={bins[image]}" for image in ("prometheus", "prometheus-adapter", "kube-state-metrics")),
                 f"--apiserver-port={ports['apiserver']}",
             ], ready.exists, env=dict(os.environ, PYTHONUNBUFFERED="1"))
         if name == "kube-proxy":

@@ -27,7 +27,7 @@ from ..kube.statedir import StateDir
 from ..runtime import sandbox
 from ..runtime.agent import NodeAgent
 from ..runtime.images import (HOST_PROGRAMS, Entrypoint, ImageCatalog, agnhost_images, busybox_images,
-                              nginx_images)
+                              monitoring_images, nginx_images)
 from ..runtime.network import ApiRelay, NetworkError, PodNetwork
 from ..runtime.resourcemetrics import SERVING_CERT, ResourceMetrics, ResourceMetricsServer
 
@@ -42,6 +42,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cni-bin", type=Path, required=True, help="the CNI plugins (CNI_PATH)")
     parser.add_argument("--coredns", type=Path, required=True, help="CoreDNS, the program of its image")
     parser.add_argument("--agnhost", type=Path, required=True, help="agnhost, the program of Kubernetes' test image")
+    for image in ("prometheus", "prometheus-adapter", "kube-state-metrics"):
+        parser.add_argument(f"--{image}", type=Path, required=True, help=f"{image}, the program of its image")
     parser.add_argument("--apiserver-port", type=int, required=True,
                         help="relayed into the pod network as the kubernetes Service's endpoint")
     args = parser.parse_args(argv)
@@ -75,6 +77,8 @@ def main(argv: list[str] | None = None) -> int:
                            # agnhost (built with the control plane), and the host's busybox and nginx (Debian's);
                            # nginx only with a pod network (without one every nginx pod would want the host's port 80).
                            *agnhost_images(args.agnhost), *busybox_images(),
+                           # The monitoring add-on's (built after the core: until then such a pod says so).
+                           *monitoring_images(args.prometheus, args.prometheus_adapter, args.kube_state_metrics),
                            *(nginx_images(args.cluster_dir / "images" / "nginx", root_in_userns=os.geteuid() != 0)
                              if sandbox.kind() == "namespaces" else [])])
     agent = NodeAgent(args.cluster_dir, network, devices=gpus, images=images)

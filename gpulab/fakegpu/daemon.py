@@ -323,6 +323,9 @@ class KindHost(ApiHost):
     def metrics_published(self, endpoint: str) -> None:
         pass  # the DaemonSet's Service (manifests/kind/50-dcgm-exporter.yaml) fronts the pods
 
+    def pod_listener(self, port: int) -> None:
+        return None  # a real container: metrics_address is in the pod's own network
+
 
 # --------------------------------------------------------------------------
 

@@ -16,6 +16,7 @@ names in sorted order and values as Go prints floats (``0.0``, ``75.0``).
 from __future__ import annotations
 
 import http.server
+import socket
 import threading
 from typing import TYPE_CHECKING, Any, Iterator
 
@@ -134,8 +135,10 @@ def parse(text: str) -> list[Sample]:
             for family in text_string_to_metric_families(text) for s in family.samples]
 
 
-def serve(node: "GpuNode", address: tuple[str, int], thread_name: str = "dcgm-exporter") -> http.server.ThreadingHTTPServer:
-    """Serve ``/metrics`` (rendered per request) and ``/health`` as dcgm-exporter does, in a thread.
+def serve(node: "GpuNode", address: tuple[str, int] | socket.socket,
+          thread_name: str = "dcgm-exporter") -> http.server.ThreadingHTTPServer:
+    """Serve ``/metrics`` (rendered per request) and ``/health`` as dcgm-exporter does, in a thread, at
+    ``address`` or on a socket already listening (made where the pod's IP is).
 
     Returns the running server; ``server.shutdown()`` stops it.
     """
@@ -160,7 +163,13 @@ def serve(node: "GpuNode", address: tuple[str, int], thread_name: str = "dcgm-ex
         def log_message(self, *args: Any) -> None:
             pass
 
-    server = http.server.ThreadingHTTPServer(address, Handler)
+    if isinstance(address, socket.socket):
+        server = http.server.ThreadingHTTPServer(address.getsockname()[:2], Handler, bind_and_activate=False)
+        server.socket.close()
+        server.socket = address
+        server.server_address = address.getsockname()[:2]
+    else:
+        server = http.server.ThreadingHTTPServer(address, Handler)
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.5}, daemon=True,
                      name=thread_name).start()

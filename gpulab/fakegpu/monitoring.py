@@ -194,12 +194,18 @@ def register(stack: "GpuStack") -> None:
 # --------------------------------------------------------------------------- installation at bring-up
 
 
-def install(kubeconfig: Path, pki_dir: Path, port: int, say: Callable[[str], None]) -> None:
-    """Deploy the adapter and register it as ``custom.metrics.k8s.io`` (idempotent)."""
+def install(kubeconfig: Path, pki_dir: Path, port: int, say: Callable[[str], None], register: bool = True) -> None:
+    """Deploy the adapter and register it as ``custom.metrics.k8s.io`` (idempotent). ``register=False``:
+    another server (the monitoring add-on's prometheus-adapter) serves the API; leave its APIServices alone."""
     client = api.Client(kubeconfig)
     pki.issue_server(pki_dir, "custom-metrics", custommetrics.SERVICE,
                      (f"{custommetrics.SERVICE}.{custommetrics.NAMESPACE}.svc",))
     ca = (pki_dir / "ca.crt").read_bytes()
-    for doc in manifest_documents(manifests_dir()) + custommetrics.registration(port, ca):
-        client.apply(doc, manager=MANAGER)
-    say(f"custom metrics adapter installed (APIService v1beta2.{custommetrics.GROUP} -> 127.0.0.1:{port})")
+    docs = manifest_documents(manifests_dir()) + custommetrics.registration(port, ca)
+    for doc in docs:
+        if register or doc["kind"] != "APIService":
+            client.apply(doc, manager=MANAGER)
+    if register:
+        say(f"custom metrics adapter installed (APIService v1beta2.{custommetrics.GROUP} -> 127.0.0.1:{port})")
+    else:
+        say(f"custom metrics adapter running; {custommetrics.GROUP} is served by the monitoring add-on")

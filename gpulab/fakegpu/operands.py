@@ -36,6 +36,7 @@ from __future__ import annotations
 import io
 import os
 import random
+import socket
 import string
 import threading
 import time
@@ -45,6 +46,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from ..kube import api
 from ..kube.names import OPERATOR_COMPONENT
 from ..runtime import programs
+from ..runtime.network import NetworkError
 from . import cudaerrors, nvidiasmi
 from .components import COMPONENTS
 from .components.host import ApiHost, Gpus, HostError, Klog, MetricsView, Settings
@@ -241,6 +243,13 @@ class EmbeddedHost(ApiHost):
 
     def metrics_address(self) -> tuple[str, int]:
         return ("127.0.0.1", 0)
+
+    def pod_listener(self, port: int) -> socket.socket | None:
+        try:
+            return self.ctx.agent.network.listen(self.ctx.pod, self.ctx.pod_ip, port)
+        except NetworkError as e:
+            self.log.warning(f"cannot listen at the pod's IP: {e}")
+            return None
 
     def metrics_published(self, endpoint: str) -> None:
         md = self.ctx.pod["metadata"]

@@ -108,6 +108,26 @@ def agnhost_images(binary: Path) -> list[Entrypoint]:
     return [Entrypoint(AGNHOST_REPOSITORY, ("/agnhost",), binary, cmd=("pause",), files=files)]
 
 
+#: The monitoring add-on's images, as upstream publishes them: (repositories, ENTRYPOINT, CMD). gpulab builds
+#: each program from the Go module proxy and mounts it at the ENTRYPOINT's path.
+PROMETHEUS_REPOSITORIES = ("quay.io/prometheus/prometheus", "prom/prometheus", "docker.io/prom/prometheus")
+KUBE_STATE_METRICS_REPOSITORY = "registry.k8s.io/kube-state-metrics/kube-state-metrics"
+PROMETHEUS_ADAPTER_REPOSITORY = "registry.k8s.io/prometheus-adapter/prometheus-adapter"
+
+
+def monitoring_images(prometheus: Path, adapter: Path, kube_state_metrics: Path) -> list[Entrypoint]:
+    """Prometheus (``/bin/prometheus``, CMD its config and data paths), prometheus-adapter (``/adapter``) and
+    kube-state-metrics (``/kube-state-metrics --port=8080 --telemetry-port=8081``), as their Dockerfiles say."""
+    return [
+        *(Entrypoint(repo, ("/bin/prometheus",), prometheus,
+                     cmd=("--config.file=/etc/prometheus/prometheus.yml", "--storage.tsdb.path=/prometheus"))
+          for repo in PROMETHEUS_REPOSITORIES),
+        Entrypoint(PROMETHEUS_ADAPTER_REPOSITORY, ("/adapter",), adapter),
+        Entrypoint(KUBE_STATE_METRICS_REPOSITORY, ("/kube-state-metrics", "--port=8080", "--telemetry-port=8081"),
+                   kube_state_metrics),
+    ]
+
+
 def busybox_images() -> list[Entrypoint]:
     """busybox: no ENTRYPOINT, CMD ``sh``, and /bin full of busybox's applets.
 

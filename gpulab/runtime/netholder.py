@@ -25,13 +25,18 @@ What this process does, besides keeping the namespace alive:
   optionally a pod's network namespace, it connects a TCP socket there and
   hands the connected socket back over the unix socket (``SCM_RIGHTS``). The
   node agent's probes, ``kubectl port-forward`` and readiness checks use it:
-  a socket made in a namespace keeps talking there, whoever holds it.
+  a socket made in a namespace keeps talking there, whoever holds it;
+- listens on behalf of the host: for a pod whose containers are the node
+  agent's built-in programs (no namespace of its own), its IP becomes an
+  address here and a socket listening on it is handed back; ``release``
+  takes the address away when the pod goes.
 
 Standard library only; one thread per connection.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import errno
@@ -186,6 +191,29 @@ class Holder:
                     conn.sendall(json.dumps({"ok": False, "error": str(e)}).encode() + b"\n")
             elif op == "dial":
                 self._dial(conn, request)
+            elif op == "listen":
+                self._listen(conn, request)
+            elif op == "release":
+                # Best effort: the address may be gone already (a holder restarted, a second release).
+                with contextlib.suppress(OSError, subprocess.CalledProcessError):
+                    _run(["ip", "addr", "del", f"{request['ip']}/32", "dev", "lo"])
+                conn.sendall(b'{"ok": true}\n')
+
+    def _listen(self, conn: socket.socket, request: dict) -> None:
+        """A listening socket at ``ip:port`` in this namespace, for a pod that has no namespace of its own (a
+        built-in program of the node agent serving a port): the pod's IP becomes an address of ``lo`` here,
+        so pods and Services reach it as any pod; the socket is handed to the host, which serves on it."""
+        try:
+            _run(["ip", "addr", "replace", f"{request['ip']}/32", "dev", "lo"])
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((request["ip"], int(request["port"])))
+            sock.listen(128)
+        except (OSError, subprocess.CalledProcessError) as e:
+            conn.sendall(json.dumps({"ok": False, "error": str(e)}).encode() + b"\n")
+            return
+        with sock:
+            socket.send_fds(conn, [b'{"ok": true}\n'], [sock.fileno()])
 
     def _dial(self, conn: socket.socket, request: dict) -> None:
         # A thread's network namespace is its own: entering a pod's leaves the rest of this process alone,

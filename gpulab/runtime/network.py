@@ -143,6 +143,19 @@ class ClusterNetwork:
                 os.close(fd)
             raise NetworkError(f"the pod network's holder answered nonsense: {data[:200]!r}") from None
 
+    def listen(self, ip: str, port: int) -> socket.socket:
+        """A socket listening at ``ip:port`` inside the network (the holder makes ``ip`` one of its own)."""
+        answer, fds = self.request({"op": "listen", "ip": ip, "port": int(port)})
+        if not answer.get("ok") or not fds:
+            for fd in fds:
+                os.close(fd)
+            raise NetworkError(f"cannot listen at {ip}:{port} in the pod network: {answer.get('error')}")
+        return socket.socket(fileno=fds[0])
+
+    def release(self, ip: str) -> None:
+        """Take back an address :meth:`listen` gave the network."""
+        self.request({"op": "release", "ip": ip})
+
     def ping(self) -> bool:
         try:
             return bool(self.request({"op": "ping"}, timeout=1.0)[0].get("ok"))
@@ -683,6 +696,9 @@ class PodNetwork:
         try:
             conf = self._conf(node)
             if info.get("ipam_only"):
+                if self.isolated and info.get("ip") and self.cluster.available():
+                    with contextlib.suppress(NetworkError):  # in case a built-in program listened at it
+                        self.cluster.release(info["ip"])
                 self._cni_ipam(pod, conf, "DEL")
             else:
                 sb = PodSandbox(info.get("ip"), info.get("sandbox_pid"), info.get("sandbox_start"))
@@ -694,6 +710,14 @@ class PodNetwork:
         except NetworkError as e:
             log.warning("CNI DEL for %s failed: %s", pod["metadata"].get("name"), e)
         (pod_dir / POD_FILE).unlink(missing_ok=True)
+
+    def listen(self, pod: dict[str, Any], ip: str | None, port: int) -> socket.socket | None:
+        """A socket listening at the pod's ``ip:port`` on the pod network, for a built-in program that serves
+        a port in a pod without a namespace of its own (DCGM exporter's metrics); None where there is no pod
+        network (the program then listens on the host's loopback alone)."""
+        if not self.isolated or not ip or (pod.get("spec") or {}).get("hostNetwork"):
+            return None
+        return self.cluster.listen(ip, port)
 
     def dial(self, ip: str, port: int, timeout: float) -> socket.socket:
         """Dial a pod from the node's side (a kubelet's prober does), through the cluster network."""

@@ -439,7 +439,7 @@ class PodWorker(threading.Thread):
     def _program_context(self, c: Container, env: dict[str, str]) -> programs.ProgramContext:
         assert self.volumes is not None
         return programs.ProgramContext(self.agent, self.node, self.pod, c.spec, env, dict(self.volumes),
-                                       log=lambda stream, text: None)
+                                       log=lambda stream, text: None, pod_ip=self.pod_ip)
 
     def _resume(self, c: Container) -> None:
         """Run a built-in program again in its container after the node agent restarted."""

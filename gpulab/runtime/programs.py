@@ -40,6 +40,8 @@ class ProgramContext:
     volumes: dict[str, Path]
     # write one line to the container's log: log("stdout"|"stderr", text)
     log: Callable[[str, str], None]
+    # the pod's IP, once its sandbox has one
+    pod_ip: str | None = None
 
 
 class Program(Protocol):

@@ -153,6 +153,15 @@ def _inside(root: str, path: str) -> str:
     return os.path.join(root, path.lstrip("/"))
 
 
+def _through_links(path: str) -> str:
+    """``path`` with a linked system directory replaced by its target, as the container's root resolves it
+    (on a merged-/usr host /bin/prometheus is /usr/bin/prometheus)."""
+    for d in SYSTEM_DIRS:
+        if path.startswith(d + "/") and os.path.islink(d):
+            return os.path.join(os.path.dirname(d), os.readlink(d), path[len(d) + 1:])
+    return path
+
+
 def build_root(spec: dict) -> None:
     root = spec["rootfs"]
     _mount(None, "/", None, MS_REC | MS_PRIVATE)
@@ -163,7 +172,7 @@ def build_root(spec: dict) -> None:
         # The root itself must be a mount point for the binds below to be
         # independent of the host's mount tree.
         _mount(root, root, None, MS_BIND | MS_REC)
-    targets = [m["container_path"] for m in spec.get("mounts", []) + spec.get("devices", [])]
+    targets = [_through_links(m["container_path"]) for m in spec.get("mounts", []) + spec.get("devices", [])]
     for d in SYSTEM_DIRS:
         if os.path.isdir(d) and not os.path.islink(d):
             if any(t.startswith(d + "/") for t in targets):

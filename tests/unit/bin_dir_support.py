@@ -22,6 +22,11 @@ OUTPUT = {
     "coredns": f"CoreDNS-{versions.COREDNS.lstrip('v')}\nlinux/amd64, go1.26.8, ",
     # `agnhost --version`: cobra's line for its root command "app", the version its Makefile stamps.
     "agnhost": f"app version {versions.AGNHOST.lstrip('v')}",
+    # Prometheus' and kube-state-metrics' version lines (promu's stamp), the first of four.
+    "prometheus": f"prometheus, version {versions.PROMETHEUS.lstrip('v')} (branch: HEAD, revision: unknown)",
+    "kube-state-metrics": f"kube-state-metrics, version {versions.KUBE_STATE_METRICS} (branch: HEAD, revision: unknown)",
+    # prometheus-adapter prints no version: its binary names the module's sources (read, not run).
+    "prometheus-adapter": f"sigs.k8s.io/prometheus-adapter@{versions.PROMETHEUS_ADAPTER}/pkg/client/api.go",
     # A CNI plugin run with CNI_COMMAND empty (on stderr).
     **{f"cni/{p}": f"CNI {p} plugin {versions.CNI_PLUGINS}\n"
                    "CNI protocol versions supported: 0.1.0, 0.2.0, 0.3.0, 0.3.1, 0.4.0, 1.0.0, 1.1.0"

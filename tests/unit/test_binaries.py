@@ -135,7 +135,7 @@ def test_coredns_wrapper_module_is_its_own_main_package():
 
 
 def test_up_builds_what_a_cluster_needs_and_leaves_agnhost_to_gpulab_build(tmp_path, monkeypatch):
-    """A first `make lab` waits for no image program only tests use; `gpulab build` builds it."""
+    """A first `make lab` waits for no image program only tests or an add-on use; `gpulab build` builds them."""
     monkeypatch.setenv("GPULAB_CACHE", str(tmp_path / "cache"))
     monkeypatch.delenv("GPULAB_BIN_DIR", raising=False)
     monkeypatch.setattr(binaries, "_is_built", lambda b: False)
@@ -145,9 +145,11 @@ def test_up_builds_what_a_cluster_needs_and_leaves_agnhost_to_gpulab_build(tmp_p
     found = binaries.ensure(lambda m: None, for_up=True)
     assert built == [["kubernetes", "etcd", "kwok", "metrics-server", "cni-plugins", "coredns"]]
     assert found["agnhost"].name == "agnhost"  # where `gpulab build` puts it: an image says so until then
-    assert [b.name for b in binaries.pending()] == ["agnhost"]
+    later = ["agnhost", "prometheus", "prometheus-adapter", "kube-state-metrics"]
+    assert [b.name for b in binaries.pending()] == later
+    assert found["prometheus"].name == "prometheus"
     binaries.ensure(lambda m: None)
-    assert built[-1][-1] == "agnhost"
+    assert built[-1][-len(later):] == later
     monkeypatch.setenv("GPULAB_BIN_DIR", str(tmp_path))
     assert binaries.pending() == []  # ready binaries: nothing is ever built
 
@@ -167,7 +169,8 @@ def test_builds_come_in_order_and_give_every_required_binary(tmp_path, monkeypat
     monkeypatch.setenv("GPULAB_CACHE", str(tmp_path / "cache"))
     monkeypatch.delenv("GPULAB_BIN_DIR", raising=False)
     assert [b.name for b in binaries.BUILDS] == ["kubernetes", "etcd", "kwok", "metrics-server", "cni-plugins",
-                                                 "coredns", "agnhost"]
+                                                 "coredns", "agnhost", "prometheus", "prometheus-adapter",
+                                                 "kube-state-metrics"]
     monkeypatch.setattr(binaries, "_is_built", lambda b: True)
     found = binaries.ensure(lambda m: None)
     assert set(binaries.REQUIRED) <= set(found.paths)

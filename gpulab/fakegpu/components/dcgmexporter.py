@@ -27,6 +27,13 @@ def run(host: Host) -> int:
                         thread_name=f"dcgm-exporter-{host.node}")
     address, port = server.server_address[:2]
     endpoint = f"http://{address}:{port}/metrics"
+    # Where Prometheus finds it: the pod's IP and the port of DCGM_EXPORTER_LISTEN (":9400").
+    listen_port = int(host.settings.flags.get("DCGM_EXPORTER_LISTEN", ":9400").rpartition(":")[2] or 9400)
+    listener = host.pod_listener(listen_port)
+    in_pod = (dcgm.serve(host.metrics_view(), listener,  # type: ignore[arg-type]
+                         thread_name=f"dcgm-exporter-pod-{host.node}") if listener is not None else None)
+    if in_pod is not None:
+        out.info(f"Serving metrics on the pod network at {listener.getsockname()[0]}:{listen_port}")
     try:
         host.metrics_published(endpoint)
         out.info("Kubernetes metrics collection enabled!")
@@ -34,6 +41,8 @@ def run(host: Host) -> int:
         while not host.wait(3600):
             pass
     finally:
-        server.shutdown()
-        server.server_close()
+        for running in (server, in_pod):
+            if running is not None:
+                running.shutdown()
+                running.server_close()
     return 0

@@ -20,6 +20,7 @@ through the API, and which pods hold a node's GPUs.
 
 from __future__ import annotations
 
+import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -220,6 +221,11 @@ class Host(Protocol):
 
     def metrics_published(self, endpoint: str) -> None:
         """The exporter serves at ``endpoint`` now (the host tells whoever scrapes it)."""
+
+    def pod_listener(self, port: int) -> socket.socket | None:
+        """A socket listening at the pod's own IP and ``port``, where the pod's network is not the exporter's
+        own (a built-in program of the node agent), so that Prometheus scrapes the pod IP; None where the
+        exporter's address already is the pod's."""
 
 
 # --------------------------------------------------------------------------

@@ -1,0 +1,159 @@
+"""Add-ons: what a platform team installs on a running cluster, installed the same way here.
+
+An add-on is a directory of plain manifests, ``manifests/addons/<name>/``,
+applied in file order the way ``kubectl apply -f`` (or a Helm chart) would,
+then waited for: every Deployment available and every APIService it registers
+answering. ``monitoring`` is Prometheus, kube-state-metrics and
+prometheus-adapter, the metrics pipeline of the chapter's HPA section; lesson 07
+installs it (``gpulab addon install monitoring``) as a team would install
+kube-prometheus-stack, so lessons 00-06 run without its ~260 MiB.
+
+On the embedded backend the add-on's images run programs gpulab builds
+(:mod:`.binaries`; they are built after the core, by ``gpulab build``): an
+install first builds what is missing, with progress. On kind the images are
+pulled as on any cluster.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .. import _poll, paths
+from ..kube import api
+
+MANAGER = "gpulab-addon"
+#: How long an install waits for its Deployments and APIServices.
+READY_TIMEOUT = 180.0
+
+Say = Callable[[str], None]
+
+
+class AddonError(RuntimeError):
+    """An add-on could not be installed; the message says which and why."""
+
+
+def root() -> Path:
+    return paths.manifests() / "addons"
+
+
+def names() -> list[str]:
+    """The add-ons there are (directories of ``manifests/addons``)."""
+    return sorted(p.name for p in root().iterdir() if p.is_dir())
+
+
+def documents(name: str) -> list[dict[str, Any]]:
+    """The add-on's objects, in file order; raises :class:`AddonError` for an unknown name."""
+    if name not in names():
+        raise AddonError(f"unknown add-on {name!r} (there are: {', '.join(names())})")
+    docs: list[dict[str, Any]] = []
+    for path in sorted((root() / name).glob("*.yaml")):
+        docs += [d for d in yaml.safe_load_all(path.read_text()) if d]
+    return docs
+
+
+def _api_services(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [d for d in docs if d["kind"] == "APIService"]
+
+
+def installed(client: api.Client, name: str) -> bool:
+    """Whether the add-on's Deployments exist (it was installed, ready or not)."""
+    return all(client.get("Deployment", d["metadata"]["name"], d["metadata"]["namespace"]) is not None
+               for d in documents(name) if d["kind"] == "Deployment")
+
+
+def owns_api_service(client: api.Client, service_name: str) -> bool:
+    """Whether an add-on serves the APIService ``service_name`` now (so that nothing else re-registers it)."""
+    svc = client.get("APIService", service_name) or {}
+    backend = (svc.get("spec") or {}).get("service") or {}
+    for name in names():
+        for doc in _api_services(documents(name)):
+            if doc["metadata"]["name"] == service_name and doc["spec"]["service"]["namespace"] == backend.get(
+                    "namespace") and doc["spec"]["service"]["name"] == backend.get("name"):
+                return True
+    return False
+
+
+def install(kubeconfig: Path, name: str, say: Say, timeout: float = READY_TIMEOUT) -> str:
+    """Apply the add-on and wait until it serves; returns a one-line summary."""
+    docs = documents(name)
+    client = api.Client(kubeconfig)
+    started = time.monotonic()
+    for svc in _api_services(docs):
+        # An APIService another server registered (with its own caBundle) is taken over whole, as
+        # `kubectl replace` would: its fields must not mix with the add-on's.
+        old = client.get("APIService", svc["metadata"]["name"])
+        if old is not None and (old["spec"].get("service") or {}) != svc["spec"]["service"]:
+            say(f"APIService {svc['metadata']['name']} is served by "
+                f"{old['spec'].get('service', {}).get('namespace')}/{old['spec'].get('service', {}).get('name')}; "
+                f"{name} takes it over")
+            client.delete("APIService", svc["metadata"]["name"])
+    for doc in docs:
+        client.apply(doc, manager=MANAGER)
+    say(f"{name}: applied {len(docs)} objects from {root() / name}")
+    for doc in docs:
+        if doc["kind"] == "Deployment":
+            _wait_deployment(client, doc["metadata"]["namespace"], doc["metadata"]["name"], say,
+                             started + timeout)
+    for svc in _api_services(docs):
+        _wait_api_service(client, svc["metadata"]["name"], say, started + timeout)
+    return f"add-on {name} installed in {time.monotonic() - started:.1f} s"
+
+
+def delete(kubeconfig: Path, name: str, say: Say) -> str:
+    """Delete the add-on's objects (its namespaces with everything in them); returns a one-line summary."""
+    client = api.Client(kubeconfig)
+    gone = 0
+    for doc in reversed(documents(name)):
+        md = doc["metadata"]
+        gone += client.delete(doc["kind"], md["name"], md.get("namespace"))
+    say(f"{name}: deleted {gone} objects")
+    return f"add-on {name} deleted"
+
+
+def _available(client: api.Client, namespace: str, name: str) -> bool:
+    dep = client.get("Deployment", name, namespace) or {}
+    status = dep.get("status") or {}
+    return (status.get("observedGeneration") == dep.get("metadata", {}).get("generation")
+            and status.get("updatedReplicas", 0) == status.get("replicas", -1) == status.get("readyReplicas", -2)
+            and status.get("availableReplicas", 0) >= 1)
+
+
+def _wait_deployment(client: api.Client, namespace: str, name: str, say: Say, deadline: float) -> None:
+    started = time.monotonic()
+    last = [started]
+
+    def ready() -> bool:
+        if _available(client, namespace, name):
+            return True
+        if time.monotonic() - last[0] > 10:
+            last[0] = time.monotonic()
+            say(f"waiting for deployment {namespace}/{name} ({time.monotonic() - started:.0f} s)")
+        return False
+
+    def timed_out(_: object) -> AddonError:
+        return AddonError(f"deployment {namespace}/{name} not available after {time.monotonic() - started:.0f} s; "
+                          f"see `kubectl -n {namespace} describe pods` and `kubectl -n {namespace} logs deploy/{name}`")
+
+    _poll.until(ready, max(1.0, deadline - time.monotonic()), timed_out, interval=0.25, max_interval=1.0)
+    say(f"deployment {namespace}/{name} available ({time.monotonic() - started:.1f} s)")
+
+
+def _wait_api_service(client: api.Client, name: str, say: Say, deadline: float) -> None:
+    def available() -> bool:
+        svc = client.get("APIService", name) or {}
+        return any(c.get("type") == "Available" and c.get("status") == "True"
+                   for c in (svc.get("status") or {}).get("conditions") or [])
+
+    def timed_out(_: object) -> AddonError:
+        svc = client.get("APIService", name) or {}
+        why = next((c.get("message", "") for c in (svc.get("status") or {}).get("conditions") or []
+                    if c.get("type") == "Available"), "")
+        return AddonError(f"APIService {name} not available: {why or 'no status yet'}")
+
+    _poll.until(available, max(1.0, deadline - time.monotonic()), timed_out, interval=0.25, max_interval=1.0)
+    say(f"APIService {name} available")
