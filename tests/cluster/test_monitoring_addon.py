@@ -120,3 +120,49 @@ def test_the_add_on_owns_custom_metrics_and_a_restart_would_leave_it_there(stack
         svc = kube.get("APIService", f"{version}.custom.metrics.k8s.io")
         assert svc["spec"]["service"] == {"namespace": "monitoring", "name": "prometheus-adapter", "port": 443}
         assert addons.owns_api_service(kube, f"{version}.custom.metrics.k8s.io")
+
+
+def _ready_replicas(kube, ns: str, name: str) -> int:
+    return ((kube.get("Deployment", name, ns) or {}).get("status") or {}).get("readyReplicas") or 0
+
+
+def test_an_hpa_scales_on_gpu_utilisation_through_prometheus_and_the_adapter(stack, kube, kubectl, gpu_ns):
+    ns = gpu_ns
+    for f in ("07-monitoring-cost/llm-autoscaled.yaml", "07-monitoring-cost/llm-hpa.yaml"):
+        kubectl("-n", ns, "apply", "-f", str(manifest(f)))
+    wait_for(lambda: _ready_replicas(kube, ns, "llm") == 1, 60, what="one ready llm replica")
+    # The adapter lists the new pod's series at its next relist (30 s): the HPA reads a value then.
+    wait_for(lambda: ((kube.get("HorizontalPodAutoscaler", "llm", ns) or {}).get("status") or {}).get("currentMetrics"),
+             90, what="the HPA's first reading through prometheus-adapter")
+    # 5 requests/s of 16 tokens: one replica computes ~80 % of the time, twice the 40 % target.
+    assert gpulab("load", "svc/llm", "5", "-n", ns, timeout=120).returncode == 0
+    wait_for(lambda: _ready_replicas(kube, ns, "llm") == 2, 120, what="the HPA to scale llm to 2")
+    events = [e["message"] for e in kube.list("Event", ns, field_selector="reason=SuccessfulRescale")]
+    assert any("DCGM_FI_DEV_GPU_UTIL above target" in m for m in events), events
+    assert gpulab("load", "svc/llm", "0", "-n", ns, timeout=120).returncode == 0
+
+
+def test_an_adapter_rule_that_matches_nothing_leaves_the_hpa_with_failed_get_pods_metric(stack, kube, kubectl, gpu_ns):
+    ns = gpu_ns
+    config = kube.get("ConfigMap", "adapter-config", "monitoring")
+    good = config["data"]["config.yaml"]
+    # The mistake of a relabelling that renamed the pod label: the rule asks for series that do not exist.
+    broken = good.replace('{__name__=~"^DCGM_FI_.*",namespace!="",pod!=""}',
+                          '{__name__=~"^DCGM_FI_.*",namespace!="",exported_pod!=""}')
+    assert broken != good
+    try:
+        kube.patch("ConfigMap", "adapter-config", {"data": {"config.yaml": broken}}, "monitoring")
+        kubectl("-n", "monitoring", "rollout", "restart", "deployment/prometheus-adapter")
+        kubectl("-n", "monitoring", "rollout", "status", "deployment/prometheus-adapter", "--timeout=120s")
+        for f in ("07-monitoring-cost/llm-autoscaled.yaml", "07-monitoring-cost/llm-hpa.yaml"):
+            kubectl("-n", ns, "apply", "-f", str(manifest(f)))
+        failed = wait_for(lambda: [e["message"] for e in kube.list("Event", ns, field_selector="reason=FailedGetPodsMetric")],
+                          90, what="the HPA's FailedGetPodsMetric event")
+        assert any("DCGM_FI_DEV_GPU_UTIL" in m for m in failed), failed
+        hpa = kube.get("HorizontalPodAutoscaler", "llm", ns)
+        active = next(c for c in hpa["status"]["conditions"] if c["type"] == "ScalingActive")
+        assert active["status"] == "False" and active["reason"] == "FailedGetPodsMetric"
+    finally:
+        kube.patch("ConfigMap", "adapter-config", {"data": {"config.yaml": good}}, "monitoring")
+        kubectl("-n", "monitoring", "rollout", "restart", "deployment/prometheus-adapter")
+        kubectl("-n", "monitoring", "rollout", "status", "deployment/prometheus-adapter", "--timeout=120s")
