@@ -10,7 +10,7 @@
 #   GPULAB_BIN_DIR=dir make lab   ready control-plane binaries instead of building them (no Go needed;
 #                   `gpulab build` checks each binary and its version); the same for make test
 #   make test-learner   (as an ordinary account; .ci/as-learner runs it) the GPU stack, notebooks 01-04,
-#                   lab 02; make test-learner-process: workloads, notebooks 01 and 05 in GPULAB_SANDBOX=process
+#                   lab 02, the monitoring add-on; make test-learner-process: workloads, notebooks 01 and 05 in GPULAB_SANDBOX=process
 #   make notebooks  re-run all notebooks in order on one fresh cluster and store their outputs
 #                   (NB="03 05": only those, on the current cluster)
 #   make labs       regenerate labs/ from solutions/ (a test fails when they drift)
@@ -138,7 +138,8 @@ test-notebooks: install-test build
 # What .ci/as-learner runs as an ordinary account (learners are not root): the GPU stack's cluster
 # tests, notebooks 01-04 and lab 02's grading; then workloads and notebooks 01, 05 in the process sandbox.
 LEARNER_TESTS := tests/cluster/test_pod_network.py tests/cluster/test_gpu_operator.py tests/cluster/test_gpu_sharing.py tests/cluster/test_gpu_mig.py \
-	tests/cluster/test_gpu_faults.py tests/cluster/test_lab_02.py tests/cluster/test_images.py tests/notebooks/test_notebooks.py
+	tests/cluster/test_gpu_faults.py tests/cluster/test_lab_02.py tests/cluster/test_images.py tests/cluster/test_monitoring_addon.py \
+	tests/notebooks/test_notebooks.py
 test-learner: install-test build
 	$(BIN)/python -m pytest $(LEARNER_TESTS) -k "not test_notebook_runs or 01- or 02- or 03- or 04-" $(PYTEST_ARGS)
 
