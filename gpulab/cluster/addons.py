@@ -27,6 +27,13 @@ from .. import _poll, paths
 from ..kube import api
 
 MANAGER = "gpulab-addon"
+#: On a Deployment of an add-on: the program reloads its config when told, at this URL (POST), e.g.
+#: ``http://prometheus.monitoring.svc:9090/-/reload``; Deployments without it restart when their config changes.
+RELOAD_ANNOTATION = "gpulab.io/config-reload"
+#: What `kubectl rollout restart` sets on the pod template.
+RESTARTED_AT = "kubectl.kubernetes.io/restartedAt"
+#: How long the mounted file may take to show a changed ConfigMap before a reload.
+SYNC_TIMEOUT = 30.0
 #: How long an install waits for its Deployments and APIServices.
 READY_TIMEOUT = 180.0
 
@@ -92,9 +99,17 @@ def install(kubeconfig: Path, name: str, say: Say, timeout: float = READY_TIMEOU
                 f"{old['spec'].get('service', {}).get('namespace')}/{old['spec'].get('service', {}).get('name')}; "
                 f"{name} takes it over")
             client.delete("APIService", svc["metadata"]["name"])
+    before = {(d["metadata"]["namespace"], d["metadata"]["name"]): _data(client.get("ConfigMap", d["metadata"]["name"],
+                                                                                  d["metadata"]["namespace"]))
+              for d in docs if d["kind"] == "ConfigMap"}
     for doc in docs:
         client.apply(doc, manager=MANAGER)
     say(f"{name}: applied {len(docs)} objects from {root() / name}")
+    changed = {key for key, old in before.items() if old is not None and old != _data(
+        next(d for d in docs if d["kind"] == "ConfigMap" and (d["metadata"]["namespace"], d["metadata"]["name"]) == key))}
+    for doc in docs:
+        if doc["kind"] == "Deployment" and changed & _mounted(doc):
+            _reconfigure(client, kubeconfig, doc, changed & _mounted(doc), say)
     for doc in docs:
         if doc["kind"] == "Deployment":
             _wait_deployment(client, doc["metadata"]["namespace"], doc["metadata"]["name"], say,
@@ -113,6 +128,66 @@ def delete(kubeconfig: Path, name: str, say: Say) -> str:
         gone += client.delete(doc["kind"], md["name"], md.get("namespace"))
     say(f"{name}: deleted {gone} objects")
     return f"add-on {name} deleted"
+
+
+def _data(cm: dict[str, Any] | None) -> dict[str, Any] | None:
+    return None if cm is None else {"data": cm.get("data") or {}, "binaryData": cm.get("binaryData") or {}}
+
+
+def _mounted(deployment: dict[str, Any]) -> set[tuple[str, str]]:
+    """The ConfigMaps (namespace, name) the Deployment's pods mount."""
+    ns = deployment["metadata"]["namespace"]
+    return {(ns, v["configMap"]["name"]) for v in deployment["spec"]["template"]["spec"].get("volumes") or []
+            if v.get("configMap")}
+
+
+def _reconfigure(client: api.Client, kubeconfig: Path, deployment: dict[str, Any], configs: set[tuple[str, str]],
+                 say: Say) -> None:
+    """A ConfigMap the Deployment mounts changed: tell the program to reload (once its pods see the new file,
+    as the kubelet syncs it) or, for a program that reads its config only at start, restart its pods."""
+    md = deployment["metadata"]
+    names = ", ".join(n for _, n in sorted(configs))
+    url = (md.get("annotations") or {}).get(RELOAD_ANNOTATION)
+    if not url:
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        client.patch("Deployment", md["name"], {"spec": {"template": {"metadata": {"annotations": {RESTARTED_AT: stamp}}}}},
+                     md["namespace"])
+        say(f"configmap {names} changed: restarting deployment {md['namespace']}/{md['name']}")
+        return
+    _wait_mounted(client, kubeconfig, deployment, configs)
+    host, _, path = url.split("://", 1)[-1].partition("/")
+    service, _, port = host.partition(":")
+    svc_name, svc_ns = service.split(".")[0], (service.split(".") + [md["namespace"]])[1]
+    client.request("POST", f"/api/v1/namespaces/{svc_ns}/services/{svc_name}:{port}/proxy/{path}")
+    say(f"configmap {names} changed: {md['namespace']}/{md['name']} reloaded its config (POST {url})")
+
+
+def _wait_mounted(client: api.Client, kubeconfig: Path, deployment: dict[str, Any], configs: set[tuple[str, str]]) -> None:
+    """Until every running pod of the Deployment reads the ConfigMaps' new contents at their mount paths
+    (`kubectl exec ... cat`, as an operator would check)."""
+    import subprocess
+
+    md, spec = deployment["metadata"], deployment["spec"]["template"]["spec"]
+    mounts = {(m["name"]): m["mountPath"] for c in spec["containers"][:1] for m in c.get("volumeMounts") or []}
+    want: dict[str, str] = {}
+    for v in spec.get("volumes") or []:
+        if v.get("configMap") and (md["namespace"], v["configMap"]["name"]) in configs and v["name"] in mounts:
+            cm = client.get("ConfigMap", v["configMap"]["name"], md["namespace"]) or {}
+            for key, value in (cm.get("data") or {}).items():
+                want[f"{mounts[v['name']].rstrip('/')}/{key}"] = value
+
+    def synced() -> bool:
+        for path, value in want.items():
+            out = subprocess.run([paths.kubectl() or "kubectl", f"--kubeconfig={kubeconfig}", "-n", md["namespace"], "exec",
+                                  f"deploy/{md['name']}", "--", "cat", path], capture_output=True, text=True,
+                                 timeout=30)
+            if out.returncode != 0 or out.stdout != value:
+                return False
+        return True
+
+    _poll.until(synced, SYNC_TIMEOUT, lambda _: AddonError(
+        f"deployment {md['namespace']}/{md['name']} does not see its changed config after {SYNC_TIMEOUT:g} s"),
+        interval=0.5, max_interval=2.0)
 
 
 def _available(client: api.Client, namespace: str, name: str) -> bool:

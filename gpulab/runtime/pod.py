@@ -104,6 +104,19 @@ class PodWorker(threading.Thread):
         self.gone = True
         self.wake.set()
 
+    def configmap_changed(self, name: str) -> None:
+        """ConfigMap ``name`` of the pod's namespace changed: its volumes from it get the new contents."""
+        if self.volumes is None or self.gone:
+            return
+        try:
+            refreshed = self.agent.volumes.refresh(self.pod, self.dir, name)
+        except (VolumeError, api.ApiError, OSError) as e:
+            log.warning("refreshing configmap %s for pod %s failed: %s", name, self.pod["metadata"]["name"], e)
+            return
+        if refreshed:
+            log.info("pod %s/%s: volumes %s updated from configmap %s", self.pod["metadata"]["namespace"],
+                     self.pod["metadata"]["name"], ", ".join(refreshed), name)
+
     def shutdown(self) -> None:
         """The agent is stopping: stop processes, leave the API alone."""
         self.stopping = True

@@ -52,6 +52,23 @@ class VolumeBuilder:
             out[name] = getattr(self, "_" + kind)(pod, pod_dir, name, vol[kind] or {})
         return out
 
+    def refresh(self, pod: dict[str, Any], pod_dir: Path, configmap: str) -> list[str]:
+        """The kubelet's sync of a running pod's volumes after ConfigMap ``configmap`` changed: every volume
+        of the pod made from it (a ``configMap`` volume, or a ``projected`` source) gets the new contents in
+        place, so a container sees them at the same path (as a kubelet's atomic update does; a program that
+        reads its config once must still be restarted or told to reload). Returns the volumes refreshed."""
+        done: list[str] = []
+        for vol in pod["spec"].get("volumes") or []:
+            name = vol["name"]
+            if (vol.get("configMap") or {}).get("name") == configmap:
+                self._configMap(pod, pod_dir, name, vol["configMap"], in_place=True)
+                done.append(name)
+            elif any((s.get("configMap") or {}).get("name") == configmap
+                     for s in (vol.get("projected") or {}).get("sources") or []):
+                self._projected(pod, pod_dir, name, vol["projected"], in_place=True)
+                done.append(name)
+        return done
+
     # -- kinds ---------------------------------------------------------------
 
     def _emptyDir(self, pod, pod_dir, name, src) -> Path:
@@ -86,16 +103,16 @@ class VolumeBuilder:
             host.chmod(0o777)
         return host
 
-    def _configMap(self, pod, pod_dir, name, src) -> Path:
+    def _configMap(self, pod, pod_dir, name, src, in_place: bool = False) -> Path:
         ns = pod["metadata"]["namespace"]
         cm = self.client.get("ConfigMap", src.get("name", ""), ns)
         if cm is None:
             if src.get("optional"):
-                return self._files(pod_dir, "configmap", name, {}, src)
+                return self._files(pod_dir, "configmap", name, {}, src, in_place)
             raise VolumeError(f'MountVolume.SetUp failed for volume "{name}" : configmap "{src.get("name")}" not found')
         data = {k: v.encode() for k, v in (cm.get("data") or {}).items()}
         data.update({k: base64.b64decode(v) for k, v in (cm.get("binaryData") or {}).items()})
-        return self._files(pod_dir, "configmap", name, data, src)
+        return self._files(pod_dir, "configmap", name, data, src, in_place)
 
     def _secret(self, pod, pod_dir, name, src) -> Path:
         ns = pod["metadata"]["namespace"]
@@ -111,7 +128,7 @@ class VolumeBuilder:
         data = {it["path"]: self._field(pod, it).encode() for it in src.get("items") or []}
         return self._files(pod_dir, "downward-api", name, data, {"defaultMode": src.get("defaultMode")})
 
-    def _projected(self, pod, pod_dir, name, src) -> Path:
+    def _projected(self, pod, pod_dir, name, src, in_place: bool = False) -> Path:
         data: dict[str, bytes] = {}
         ns = pod["metadata"]["namespace"]
         for source in src.get("sources") or []:
@@ -135,7 +152,7 @@ class VolumeBuilder:
             elif "downwardAPI" in source:
                 for it in source["downwardAPI"].get("items") or []:
                     data[it["path"]] = self._field(pod, it).encode()
-        return self._files(pod_dir, "projected", name, data, {"defaultMode": src.get("defaultMode")})
+        return self._files(pod_dir, "projected", name, data, {"defaultMode": src.get("defaultMode")}, in_place)
 
     def _persistentVolumeClaim(self, pod, pod_dir, name, src) -> Path:
         ns = pod["metadata"]["namespace"]
@@ -167,11 +184,14 @@ class VolumeBuilder:
             return {k: decode(v) for k, v in data.items()}
         return {it.get("path", it["key"]): decode(data[it["key"]]) for it in items if it["key"] in data}
 
-    def _files(self, pod_dir: Path, kind: str, name: str, data: dict[str, bytes], src: dict) -> Path:
+    def _files(self, pod_dir: Path, kind: str, name: str, data: dict[str, bytes], src: dict,
+               in_place: bool = False) -> Path:
+        """Write a volume of files. ``in_place``: a running container has the directory mounted, so it
+        stays (same inode): each file is replaced by a rename, and a key that went is removed."""
         d = pod_dir / "volumes" / kind / name
-        if d.exists():
+        if d.exists() and not in_place:
             shutil.rmtree(d)
-        d.mkdir(parents=True)
+        d.mkdir(parents=True, exist_ok=True)
         mode = src.get("defaultMode")
         mode = 0o644 if mode is None else int(mode)
         items = src.get("items")
@@ -180,8 +200,20 @@ class VolumeBuilder:
         for rel, content in selected.items():
             f = d / rel
             f.parent.mkdir(parents=True, exist_ok=True)
-            f.write_bytes(content)
-            os.chmod(f, mode)
+            if in_place:
+                if f.is_file() and f.read_bytes() == content:
+                    continue
+                tmp = f.with_name(f".{f.name}.tmp")
+                tmp.write_bytes(content)
+                os.chmod(tmp, mode)
+                os.replace(tmp, f)
+            else:
+                f.write_bytes(content)
+                os.chmod(f, mode)
+        if in_place:
+            for old in [p for p in d.rglob("*") if p.is_file()]:
+                if old.relative_to(d).as_posix() not in selected:
+                    old.unlink()
         d.chmod(0o755)
         return d
 

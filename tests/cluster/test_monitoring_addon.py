@@ -166,3 +166,29 @@ def test_an_adapter_rule_that_matches_nothing_leaves_the_hpa_with_failed_get_pod
         kube.patch("ConfigMap", "adapter-config", {"data": {"config.yaml": good}}, "monitoring")
         kubectl("-n", "monitoring", "rollout", "restart", "deployment/prometheus-adapter")
         kubectl("-n", "monitoring", "rollout", "status", "deployment/prometheus-adapter", "--timeout=120s")
+
+
+def test_a_changed_config_reaches_the_running_pods_and_prometheus_reloads_it(stack, kube, kubectl):
+    # As an operator changes it: the ConfigMap first (kubectl apply), then the node syncs the mounted file.
+    config = kube.get("ConfigMap", "prometheus-config", "monitoring")
+    text = config["data"]["prometheus.yml"]
+    changed = text.replace("scrape_interval: 5s", "scrape_interval: 6s")
+    assert changed != text
+    try:
+        kube.patch("ConfigMap", "prometheus-config", {"data": {"prometheus.yml": changed}}, "monitoring")
+        wait_for(lambda: kubectl("-n", "monitoring", "exec", "deploy/prometheus", "--", "cat",
+                                 "/etc/prometheus/prometheus.yml").stdout == changed, 30,
+                 what="the mounted prometheus.yml to change in the running pod")
+        kubectl("create", "--raw", "/api/v1/namespaces/monitoring/services/prometheus:9090/proxy/-/reload",
+                "-f", "/dev/null")
+        loaded = json.loads(kubectl("get", "--raw", "/api/v1/namespaces/monitoring/services/prometheus:9090/"
+                                                    "proxy/api/v1/status/config").stdout)["data"]["yaml"]
+        assert "scrape_interval: 6s" in loaded
+    finally:
+        # The add-on's own file again: `gpulab addon install` sees the change and reloads, as it says.
+        out = gpulab("addon", "install", "monitoring")
+        assert out.returncode == 0, out.stderr
+        assert "configmap prometheus-config changed: monitoring/prometheus reloaded its config" in out.stderr
+    loaded = json.loads(kubectl("get", "--raw", "/api/v1/namespaces/monitoring/services/prometheus:9090/"
+                                                "proxy/api/v1/status/config").stdout)["data"]["yaml"]
+    assert "scrape_interval: 5s" in loaded

@@ -9,7 +9,18 @@ from pathlib import Path
 import nbformat
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
+from gpulab.grading.checks import CheckSuite, load_lab_checks
+
 PARAMETERS = 'namespace = "gpulab-default"\nresults_path = ""'
+
+#: The worked example's check module (lab id "example": the chapter's gpu-train-demo Job); test code, so
+#: it lives here beside this file rather than in gpulab/grading/labs/, and is loaded by path.
+EXAMPLE_LAB = Path(__file__).with_name("example_lab.py")
+
+
+def example_checks() -> CheckSuite:
+    """The suite of :data:`EXAMPLE_LAB` (what ``load_lab_checks("example")`` was while it was in the package)."""
+    return load_lab_checks(EXAMPLE_LAB)
 
 
 def notebook(cells: Iterable[str | nbformat.NotebookNode], parameters: str | None = PARAMETERS

@@ -6,6 +6,7 @@ import copy
 import textwrap
 
 import pytest
+from grading_support import example_checks
 
 from gpulab.grading.checks import (
     HIDDEN_FAILED,
@@ -123,7 +124,7 @@ def test_suite_rejects_duplicate_ids():
 
 
 def test_example_lab_full_marks():
-    suite = load_lab_checks("example")
+    suite = example_checks()
     outcomes = suite.run(_ctx())
     assert [o.check_id for o in outcomes] == [c.id for c in suite.checks]
     assert all(o.passed for o in outcomes), [(o.check_id, o.message) for o in outcomes]
@@ -138,7 +139,7 @@ def test_example_lab_partial_credit_and_hints_without_answers():
     del job["spec"]["activeDeadlineSeconds"]
     job["status"] = {"failed": 3}
     values = {"allocatable_gpus": {"gpu-node-1": 2, "cpu-node-1": 0}, "train_log": "nothing"}
-    outcomes = {o.check_id: o for o in load_lab_checks("example").run(_ctx(values, (NODE, CPU_NODE, job)))}
+    outcomes = {o.check_id: o for o in example_checks().run(_ctx(values, (NODE, CPU_NODE, job)))}
     assert outcomes["job-placement"].earned == 1  # selector right, toleration missing: half of 2
     assert "污点" in outcomes["job-placement"].message
     assert "NoSchedule" not in outcomes["job-placement"].message  # hints, never the answer
@@ -149,7 +150,7 @@ def test_example_lab_partial_credit_and_hints_without_answers():
 
 
 def test_example_lab_without_anything_recorded():
-    outcomes = load_lab_checks("example").run(Context(namespace="ns1"))
+    outcomes = example_checks().run(Context(namespace="ns1"))
     assert sum(o.earned for o in outcomes) == 0
     assert all(o.message for o in outcomes) and not any(o.error for o in outcomes)
 
@@ -187,7 +188,7 @@ def _hidden_dir(tmp_path):
 def test_hidden_checks_are_loaded_per_lab_and_never_leak(tmp_path):
     hidden = load_hidden_checks(_hidden_dir(tmp_path), lab="example")
     assert [c.id for c in hidden] == ["secret-replicas", "secret-ok"] and all(c.hidden for c in hidden)
-    suite = load_lab_checks("example").with_hidden(hidden)
+    suite = example_checks().with_hidden(hidden)
     assert suite.max_points == 14
     outcomes = {o.check_id: o for o in suite.run(_ctx())}
     secret = outcomes["secret-replicas"]
@@ -204,7 +205,7 @@ def test_hidden_check_errors_stay_generic(tmp_path):
     d.mkdir()
     (d / "boom.py").write_text("from gpulab.grading.checks import check\n"
                                "@check('boom')\ndef boom(ctx):\n    raise RuntimeError('secret internals')\n")
-    outcome = load_lab_checks("example").with_hidden(load_hidden_checks(d)).run(Context())[-1]
+    outcome = example_checks().with_hidden(load_hidden_checks(d)).run(Context())[-1]
     assert outcome.message == HIDDEN_FAILED and "secret" not in outcome.message and "secret internals" in outcome.error
 
 

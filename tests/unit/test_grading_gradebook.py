@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -16,7 +15,7 @@ from pathlib import Path
 import nbformat
 import pytest
 from click.testing import CliRunner
-from grading_support import notebook, write
+from grading_support import EXAMPLE_LAB, example_checks, notebook, write
 
 import gpulab._fsutil as fsutil
 from gpulab import cli
@@ -145,7 +144,7 @@ def test_ambiguous_submissions_are_rows_not_guesses(tmp_path):
 def test_batch_isolates_every_failure(submissions, tmp_path):
     events = []
     runner = FakeRunner()
-    result = grade_batch(submissions, "example", None, runner, tmp_path / "out", hidden=_hidden(tmp_path),
+    result = grade_batch(submissions, "example", example_checks(), runner, tmp_path / "out", hidden=_hidden(tmp_path),
                          progress=events.append, collector=_collector(), parameters={"gpus": 1})
     rows = {r["learner"]: r for r in read_gradebook(result.gradebook)}
     assert list(rows) == ["alice", "bob", "carol", "dave", "erin"]
@@ -175,7 +174,7 @@ def test_batch_isolates_every_failure(submissions, tmp_path):
 
 
 def test_feedback_is_chinese_and_never_reveals_hidden_checks(submissions, tmp_path):
-    grade_batch(submissions, "example", None, FakeRunner(), tmp_path / "out", hidden=_hidden(tmp_path),
+    grade_batch(submissions, "example", example_checks(), FakeRunner(), tmp_path / "out", hidden=_hidden(tmp_path),
                 collector=_collector())
     alice = (tmp_path / "out" / "feedback" / "alice.md").read_text(encoding="utf-8")
     assert "得分：**10 / 12**" in alice and "笔记本从头到尾运行成功" in alice
@@ -195,7 +194,7 @@ def test_feedback_is_chinese_and_never_reveals_hidden_checks(submissions, tmp_pa
 
 def test_grading_twice_gives_identical_files(submissions, tmp_path):
     for out in ("first", "second"):
-        grade_batch(submissions, "example", None, FakeRunner(), tmp_path / out, hidden=_hidden(tmp_path),
+        grade_batch(submissions, "example", example_checks(), FakeRunner(), tmp_path / out, hidden=_hidden(tmp_path),
                     collector=_collector(), clock=lambda: T1)
     first, second = tmp_path / "first", tmp_path / "second"
     assert (first / "gradebook.csv").read_bytes() == (second / "gradebook.csv").read_bytes()
@@ -210,14 +209,14 @@ def test_gradebook_is_consistent_if_the_batch_dies(submissions, tmp_path):
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        grade_batch(submissions, "example", None, FakeRunner(), tmp_path / "out", progress=stop_after_first,
+        grade_batch(submissions, "example", example_checks(), FakeRunner(), tmp_path / "out", progress=stop_after_first,
                     collector=_collector())
     rows = read_gradebook(tmp_path / "out" / "gradebook.csv")
     assert [r["learner"] for r in rows] == ["alice", "bob"]
 
 
 def test_a_failed_gradebook_write_keeps_the_old_file(tmp_path, monkeypatch):
-    suite = load_lab_checks("example")
+    suite = example_checks()
     path = tmp_path / "gradebook.csv"
     write_gradebook(path, suite, [])
     before = path.read_bytes()
@@ -244,11 +243,11 @@ def _without_graded_at(path: Path) -> list[dict[str, str]]:
 
 def test_grading_one_learner_into_a_class_gradebook_keeps_every_other_row(submissions, tmp_path):
     out = tmp_path / "out"
-    grade_batch(submissions, "example", None, FakeRunner(), out, collector=_collector(), clock=lambda: T1)
+    grade_batch(submissions, "example", example_checks(), FakeRunner(), out, collector=_collector(), clock=lambda: T1)
     before = {r["learner"]: r for r in read_gradebook(out / "gradebook.csv")}
     alone = tmp_path / "late"
     _fake_submission(alone / "alice.ipynb", values={"train_log": "oops"})  # alice resubmits, worse
-    result = grade_batch(alone, "example", None, FakeRunner(), out, collector=_collector(), clock=lambda: T2)
+    result = grade_batch(alone, "example", example_checks(), FakeRunner(), out, collector=_collector(), clock=lambda: T2)
     rows = read_gradebook(out / "gradebook.csv")
     assert [r["learner"] for r in rows] == ["alice", "bob", "carol", "dave", "erin"]  # same order
     after = {r["learner"]: r for r in rows}
@@ -266,27 +265,27 @@ def test_grading_one_learner_into_a_class_gradebook_keeps_every_other_row(submis
 
 def test_new_learners_are_appended_after_the_existing_rows(submissions, tmp_path):
     out = tmp_path / "out"
-    grade_batch(submissions, "example", None, FakeRunner(), out, collector=_collector())
+    grade_batch(submissions, "example", example_checks(), FakeRunner(), out, collector=_collector())
     late = tmp_path / "late"
     _fake_submission(late / "zoe.ipynb", values=GOOD_VALUES)
     _fake_submission(late / "aaron.ipynb", values=GOOD_VALUES)
-    grade_batch(late, "example", None, FakeRunner(), out, collector=_collector())
+    grade_batch(late, "example", example_checks(), FakeRunner(), out, collector=_collector())
     assert [r["learner"] for r in read_gradebook(out / "gradebook.csv")] == [
         "alice", "bob", "carol", "dave", "erin", "aaron", "zoe"]
 
 
 def test_regrading_the_same_batch_is_idempotent_but_graded_at_moves(submissions, tmp_path):
     out, fresh = tmp_path / "out", tmp_path / "fresh"
-    grade_batch(submissions, "example", None, FakeRunner(), out, collector=_collector(), clock=lambda: T1)
+    grade_batch(submissions, "example", example_checks(), FakeRunner(), out, collector=_collector(), clock=lambda: T1)
     first = read_gradebook(out / "gradebook.csv")
-    grade_batch(submissions, "example", None, FakeRunner(), out, collector=_collector(), clock=lambda: T2)
+    grade_batch(submissions, "example", example_checks(), FakeRunner(), out, collector=_collector(), clock=lambda: T2)
     second = read_gradebook(out / "gradebook.csv")
     assert _without_graded_at(out / "gradebook.csv") == [{k: v for k, v in r.items() if k != "graded-at"}
                                                          for r in first]
     assert {r["graded-at"] for r in first} == {"2025-03-01T08:30:00Z"}
     assert {r["graded-at"] for r in second} == {"2025-03-02T09:45:30Z"}  # the time it was (re)graded
     # ... and the file is byte for byte what grading once at that time gives
-    grade_batch(submissions, "example", None, FakeRunner(), fresh, collector=_collector(), clock=lambda: T2)
+    grade_batch(submissions, "example", example_checks(), FakeRunner(), fresh, collector=_collector(), clock=lambda: T2)
     assert (out / "gradebook.csv").read_bytes() == (fresh / "gradebook.csv").read_bytes()
     assert (out / "details.json").read_bytes() == (fresh / "details.json").read_bytes()
 
@@ -301,10 +300,10 @@ def test_an_older_gradebook_is_merged_by_column_name(submissions, tmp_path):
         "mallory,1,0,1,13,ok,,\n", encoding="utf-8-sig")
     (out / "details.json").write_text(json.dumps({"lab": "example", "learners": {"mallory": {"total": 1}}}),
                                       encoding="utf-8")
-    grade_batch(submissions, "example", None, FakeRunner(), out, collector=_collector(), learners=["alice"],
+    grade_batch(submissions, "example", example_checks(), FakeRunner(), out, collector=_collector(), learners=["alice"],
                 clock=lambda: T1)
     header, _ = _table(out / "gradebook.csv")
-    suite = load_lab_checks("example")
+    suite = example_checks()
     ours = gradebook_header(suite)
     assert header == [*ours[:-7], "retired-check (3)", *SUMMARY_COLUMNS, "notes"]
     rows = {r["learner"]: r for r in read_gradebook(out / "gradebook.csv")}
@@ -319,7 +318,7 @@ def test_an_older_gradebook_is_merged_by_column_name(submissions, tmp_path):
 
 def test_a_gradebook_of_another_lab_is_refused_and_kept(submissions, tmp_path):
     out = tmp_path / "out"
-    grade_batch(submissions, "example", None, FakeRunner(), out, collector=_collector())
+    grade_batch(submissions, "example", example_checks(), FakeRunner(), out, collector=_collector())
     files = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
     runner = FakeRunner()
     with pytest.raises(GradebookError) as err:
@@ -345,7 +344,7 @@ def test_an_older_gradebook_without_a_lab_column_is_recognised_by_its_details(su
         grade_batch(submissions, "01-gpu-pod-spec", None, FakeRunner(), out)
     assert (out / "gradebook.csv").read_bytes() == before
     # the right lab merges into it; "03", "lab_03" and "03-taints-tolerations" are one lab
-    grade_batch(submissions, "example", None, FakeRunner(), out, learners=["erin"])
+    grade_batch(submissions, "example", example_checks(), FakeRunner(), out, learners=["erin"])
     assert gb._same_lab("03", "03-taints-tolerations") and gb._same_lab("lab_03", "03")
     assert not gb._same_lab("03", "04-sharing") and not gb._same_lab("example", "01-gpu-pod-spec")
     assert [r["learner"] for r in read_gradebook(out / "gradebook.csv")] == ["mallory", "erin"]
@@ -355,19 +354,19 @@ def test_an_unreadable_gradebook_is_refused_not_overwritten(tmp_path):
     path = tmp_path / "gradebook.csv"
     path.write_bytes("learner,total\n张三,1\n".encode("gbk"))  # re-saved by a spreadsheet app
     with pytest.raises(GradebookError, match="CSV UTF-8"):
-        write_gradebook(path, load_lab_checks("example"), [GradeRow("alice", "ok")])
+        write_gradebook(path, example_checks(), [GradeRow("alice", "ok")])
     path.write_text("name,total\nalice,1\n", encoding="utf-8")
     with pytest.raises(GradebookError, match="no 'learner' column"):
-        write_gradebook(path, load_lab_checks("example"), [GradeRow("alice", "ok")])
+        write_gradebook(path, example_checks(), [GradeRow("alice", "ok")])
     assert path.read_text(encoding="utf-8") == "name,total\nalice,1\n"
 
 
 def test_learner_selects_one_submission(submissions, tmp_path):
     out = tmp_path / "out"
-    grade_batch(submissions, "example", None, FakeRunner(), out, collector=_collector(), clock=lambda: T1)
+    grade_batch(submissions, "example", example_checks(), FakeRunner(), out, collector=_collector(), clock=lambda: T1)
     before = {r["learner"]: r for r in read_gradebook(out / "gradebook.csv")}
     runner = FakeRunner()
-    result = grade_batch(submissions, "example", None, runner, out, collector=_collector(), learners=["bob"],
+    result = grade_batch(submissions, "example", example_checks(), runner, out, collector=_collector(), learners=["bob"],
                          clock=lambda: T2)
     assert [name for name, _, _ in runner.calls] == ["bob"] and [r.learner for r in result.rows] == ["bob"]
     after = {r["learner"]: r for r in read_gradebook(out / "gradebook.csv")}
@@ -378,7 +377,7 @@ def test_learner_selects_one_submission(submissions, tmp_path):
 def test_an_unknown_learner_lists_the_learners_found(submissions, tmp_path):
     runner = FakeRunner()
     with pytest.raises(GradebookError) as err:
-        grade_batch(submissions, "example", None, runner, tmp_path / "out", learners=["alcie"])
+        grade_batch(submissions, "example", example_checks(), runner, tmp_path / "out", learners=["alcie"])
     assert str(err.value) == (f"{submissions}: no submission from learner 'alcie'; learners found: "
                               "alice, bob, carol, dave, erin (a learner is <name>.ipynb or a <name>/ folder)")
     assert runner.calls == [] and not (tmp_path / "out").exists()
@@ -389,7 +388,7 @@ def test_grade_submissions_refuses_before_touching_the_cluster(submissions, tmp_
     with pytest.raises(grader.GradingError, match="learners found: alice, bob"):
         grader.grade_submissions(submissions, "01", tmp_path / "out", learners=["nobody"])
     out = tmp_path / "other-lab"
-    write_gradebook(out / "gradebook.csv", load_lab_checks("example"), [GradeRow("alice", "ok")])
+    write_gradebook(out / "gradebook.csv", example_checks(), [GradeRow("alice", "ok")])
     with pytest.raises(grader.GradingError, match="not of lab 01-gpu-pod-spec"):
         grader.grade_submissions(submissions, "01", out)
 
@@ -401,7 +400,7 @@ def test_cli_learner_option(submissions, tmp_path, monkeypatch):
         seen.update(options, lab=lab, out=out)
         if options["learners"] == ["zed"]:
             raise grader.GradingError("no submission from learner 'zed'; learners found: alice, bob")
-        return gb.BatchResult(lab, [], out / "gradebook.csv", out, load_lab_checks("example"), 5)
+        return gb.BatchResult(lab, [], out / "gradebook.csv", out, example_checks(), 5)
 
     monkeypatch.setattr(grader, "grade_submissions", fake)
     result = CliRunner().invoke(cli.main, ["grade", str(submissions), "--lab", "03", "--out", str(tmp_path / "o"),
@@ -415,7 +414,6 @@ def test_cli_learner_option(submissions, tmp_path, monkeypatch):
     assert result.exit_code != 0 and "learners found: alice, bob" in result.output
 
 
-@pytest.mark.skipif(os.name != "posix", reason="flock")
 def test_the_lock_is_held_from_reading_to_replacing(tmp_path, monkeypatch):
     import fcntl
 
@@ -435,7 +433,7 @@ def test_the_lock_is_held_from_reading_to_replacing(tmp_path, monkeypatch):
     monkeypatch.setattr(gb, "_read_table", lambda p: (held.append(("read", lock_is_held())), real_read(p))[1])
     monkeypatch.setattr(gb, "atomic_write_bytes",
                         lambda p, data: (held.append(("write", lock_is_held())), real_write(p, data))[1])
-    write_gradebook(path, load_lab_checks("example"), [GradeRow("alice", "ok")])
+    write_gradebook(path, example_checks(), [GradeRow("alice", "ok")])
     assert held == [("read", True), ("write", True)] and not lock_is_held()
 
 
@@ -469,18 +467,17 @@ _KILLED_WRITER = textwrap.dedent('''
             return getattr(self.handle, name)
 
     os.fdopen = lambda fd, *args, **kwargs: Stalls(real_fdopen(fd, *args, **kwargs))
-    write_gradebook(sys.argv[1], load_lab_checks("example"), [GradeRow("zoe", "ok", total=12.0)])
+    write_gradebook(sys.argv[1], load_lab_checks(sys.argv[2]), [GradeRow("zoe", "ok", total=12.0)])
     print("finished without stalling", flush=True)
 ''')
 
 
-@pytest.mark.skipif(os.name != "posix", reason="SIGKILL")
 def test_a_grader_killed_mid_write_leaves_the_old_gradebook(submissions, tmp_path):
     out = tmp_path / "out"
-    grade_batch(submissions, "example", None, FakeRunner(), out, collector=_collector())
+    grade_batch(submissions, "example", example_checks(), FakeRunner(), out, collector=_collector())
     path = out / "gradebook.csv"
     before = path.read_bytes()
-    child = subprocess.Popen([sys.executable, "-c", _KILLED_WRITER, str(path)], stdout=subprocess.PIPE, text=True)
+    child = subprocess.Popen([sys.executable, "-c", _KILLED_WRITER, str(path), str(EXAMPLE_LAB)], stdout=subprocess.PIPE, text=True)
     try:
         assert child.stdout.readline() == "half written\n"  # blocks until the child is mid-write: no sleeps
         temps = list(out.glob(".gradebook.csv.*.tmp"))
@@ -493,7 +490,7 @@ def test_a_grader_killed_mid_write_leaves_the_old_gradebook(submissions, tmp_pat
     assert path.read_bytes() == before
     assert [r["learner"] for r in read_gradebook(path)] == ["alice", "bob", "carol", "dave", "erin"]
     # the next writer is not blocked by the dead one's lock and sweeps its leftover
-    write_gradebook(path, load_lab_checks("example"), [GradeRow("zoe", "ok", total=12.0)], lab="example")
+    write_gradebook(path, example_checks(), [GradeRow("zoe", "ok", total=12.0)], lab="example")
     assert [r["learner"] for r in read_gradebook(path)] == ["alice", "bob", "carol", "dave", "erin", "zoe"]
     assert not list(out.glob(".gradebook.csv.*.tmp"))
 
@@ -519,7 +516,7 @@ def test_real_runner_batch_with_a_hanging_and_an_invalid_submission(tmp_path):
                     "while True:\n    pass"]), subs / "bob.ipynb")
     (subs / "carol.ipynb").write_text('{"cells": [', encoding="utf-8")
     write(notebook(["x = 1"], parameters=None), subs / "dave.ipynb")
-    result = grade_batch(subs, "example", None, Runner(cell_timeout=None, timeout=10), tmp_path / "out",
+    result = grade_batch(subs, "example", example_checks(), Runner(cell_timeout=None, timeout=10), tmp_path / "out",
                          collector=_collector())
     rows = {r["learner"]: r for r in read_gradebook(result.gradebook)}
     assert {k: (v["status"], v["total"]) for k, v in rows.items()} == {

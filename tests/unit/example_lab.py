@@ -1,5 +1,8 @@
 """Worked example: checks for a lab built around the chapter's ``gpu-train-demo`` Job.
 
+Test code, not a lab of the course: the grading tests load it by path
+(``grading_support.EXAMPLE_LAB``, ``load_lab_checks(path)``); its ``LAB`` makes the lab id "example".
+
 The lab notebook records two values and leaves the Job in its namespace:
 
 - ``record("allocatable_gpus", {node: count, ...})`` — what
