@@ -265,6 +265,9 @@ def quantity_int(value: Any) -> int | None:
 
 #: Where one claim of a free-text answer ends: sentence and clause punctuation, Chinese or English.
 _CLAUSE_END = re.compile(r"[。；;！!？?\n，,：:、（）()]|\.(?:\s|$)")
+#: Where a sentence ends: what a clause is about ("MIG, by contrast, partitions memory") may be named
+#: in another clause of its sentence.
+_SENTENCE_END = re.compile(r"[。；;！!？?\n]|\.(?:\s|$)")
 #: Words that deny what follows them ("不是因为资源不够", "not because ..."), and how far back they reach:
 #: a few characters in Chinese, a few words in English.
 _NEGATION = re.compile(r"不(?!仅|只|但)|没|未|无(?!论)|并非|而非|绝非", re.I)
@@ -278,21 +281,36 @@ def clauses(text: str) -> list[str]:
     return [c.strip() for c in _CLAUSE_END.split(text) if c.strip()]
 
 
+def _denied(clause: str, match: re.Match[str]) -> bool:
+    """Whether a negation word denies ``match``: shortly before it in its clause (不、没 … in the 12
+    characters before, not/never … in the 32), or inside it, between the noun and the verb a pattern joins
+    ("显存并没有切开", "the memory is not split"). A negation inside is a denial only where the pattern
+    does not need it: in "资源不够" the 不 is what is claimed (without it there is no match)."""
+    start = match.start()
+    if (_NEGATION.search(clause[max(0, start - _NEGATION_WINDOW):start])
+            or _NEGATION_EN.search(clause[max(0, start - _NEGATION_WINDOW_EN):start])):
+        return True
+    inside = match.group()
+    for negation in (_NEGATION, _NEGATION_EN):
+        for word in negation.finditer(inside):
+            if match.re.search(inside[:word.start()] + inside[word.end():]):
+                return True
+    return False
+
+
 def asserted(text: str, pattern: re.Pattern[str], unless: re.Pattern[str] | None = None) -> str | None:
     """The first clause of ``text`` that says ``pattern`` without denying it, or None.
 
-    A match counts as denied when a negation word stands shortly before it within
-    its clause (不、没 … in the 12 characters before, not/never … in the 32):
-    "并没有把显存切开" does not claim that memory is split. Clauses matching
-    ``unless`` are skipped (a claim about MIG is not a claim about time-slicing).
+    A match counts as denied when a negation word stands before it in its clause or inside it
+    (:func:`_denied`): "并没有把显存切开" and "显存并没有切开" do not claim that memory is split.
+    Sentences matching ``unless`` are skipped, all their clauses (a claim about MIG is not a claim about
+    time-slicing, also where MIG is named in another clause: "MIG, by contrast, partitions memory").
     """
-    for clause in clauses(text):
-        if unless is not None and unless.search(clause):
+    for sentence in _SENTENCE_END.split(text):
+        if unless is not None and unless.search(sentence):
             continue
-        for match in pattern.finditer(clause):
-            start = match.start()
-            if not (_NEGATION.search(clause[max(0, start - _NEGATION_WINDOW):start])
-                    or _NEGATION_EN.search(clause[max(0, start - _NEGATION_WINDOW_EN):start])):
+        for clause in clauses(sentence):
+            if any(not _denied(clause, match) for match in pattern.finditer(clause)):
                 return clause
     return None
 

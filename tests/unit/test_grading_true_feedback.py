@@ -26,6 +26,8 @@ from gpulab.grading.labs import lab_01, lab_03, lab_04, lab_05, lab_06, lab_08
     ("不是因为资源不够，而是因为污点。", None),  # denied, not claimed
     ("It is not because the GPUs are insufficient.", None),
     ("另外两台节点 GPU 不够，GPU 节点有污点。", None),  # a clause about the other nodes (``unless``)
+    ("GPU 并没有不够", None),  # denied inside the match: 没 is not what the pattern asks for
+    ("资源还是不够用，GPU 节点有污点。", "资源还是不够用"),  # 不 is the claim itself: "not enough" is what it says
 ])
 def test_asserted_reads_claims_not_words(text, claimed):
     pattern = re.compile(r"(GPU|资源).{0,6}不够|insufficient", re.I)
@@ -265,6 +267,13 @@ def test_lab04_explanation_is_scored_on_its_mechanism():
     assert limits.fraction == pytest.approx(2 / 4) and "limits/requests" in limits.message
     # A clause about MIG isolating memory is right, not a claim about time-slicing.
     assert result("MIG 把显存切分成独立实例；time-slicing 只轮流分算力，显存共享，一个 OOM 邻居一起挂。").passed
+    # Denied between the noun and the verb, in Chinese and English; MIG named in another clause of its sentence.
+    for right in ("time-slicing 只是让几个容器轮流用算力，显存并没有切开，一个容器 OOM，同卡的邻居也跟着挂；要隔离用 MIG。",
+                  "Time-slicing only takes turns on compute and the memory is not split, so one container's OOM "
+                  "takes its neighbours down; MIG, by contrast, partitions memory in hardware."):
+        judged = result(right)
+        assert judged.passed, judged.message
+        assert "显存分开了" not in judged.message
 
 
 # --------------------------------------------------------------------------- lab 05: a deadline with no room to retry
