@@ -535,7 +535,9 @@ def labs_generate() -> None:
 
 @labs.command(name="check")
 def labs_check() -> None:
-    """Fail (exit 1) when labs/ is not exactly what `gpulab labs generate` would write."""
+    """Fail (exit 1) when labs/ is not exactly what `gpulab labs generate` would write, or a lab breaks
+    the rules every lab follows (DEVELOPMENT.md's "A lab")."""
+    from .grading import labrules
     from .grading.labsource import check_drift
 
     root = paths.repo_root()
@@ -544,7 +546,13 @@ def labs_check() -> None:
         for d in drift:
             click.echo(f"drift: {d}", err=True)
         _fail("labs/ is out of date with solutions/: run `gpulab labs generate` (make labs)")
-    click.echo(f"labs/ matches solutions/ ({len(list((root / 'solutions').glob('*.ipynb')))} labs)")
+    problems = labrules.all_problems(root)
+    for problem in problems:
+        click.echo(f"rule: {problem}", err=True)
+    if problems:
+        _fail(f"{len(problems)} lab rule{'s are' if len(problems) > 1 else ' is'} broken (DEVELOPMENT.md, \"A lab\")")
+    click.echo(f"labs/ matches solutions/ and every lab follows the lab rules "
+               f"({len(labrules.lab_names(root / 'solutions'))} labs)")
 
 
 @main.group()

@@ -239,8 +239,16 @@ class EmbeddedCluster(StateDir):
                     # The apiserver port is in every kubeconfig; a moved port
                     # is worth telling about.
                     _say(f"port {prev} ({key}) is held by {who_listens(prev)}; using another")
-                ports[key] = free_port()
+                # A port is taken only once its component listens: the kernel may hand out the same free
+                # port twice meanwhile, so draw again until it is one this cluster has not got yet.
+                port = free_port()
+                for _ in range(50):
+                    if port not in ports.values():
+                        break
+                    port = free_port()
+                ports[key] = port
         if len(set(ports.values())) != len(ports):
+            # (Two kept ports can still clash: a state file edited by hand.)
             raise ClusterError(f"port allocation collided: {ports}; run `gpulab up` again")
         return ports
 

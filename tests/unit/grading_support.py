@@ -14,7 +14,7 @@ from gpulab.grading.checks import CheckSuite, load_lab_checks
 PARAMETERS = 'namespace = "gpulab-default"\nresults_path = ""'
 
 #: The worked example's check module (lab id "example": the chapter's gpu-train-demo Job); test code, so
-#: it lives here beside this file rather than in gpulab/grading/labs/, and is loaded by path.
+#: it lives beside this file rather than in gpulab/grading/labs/, and is loaded by path.
 EXAMPLE_LAB = Path(__file__).with_name("example_lab.py")
 
 

@@ -5,7 +5,7 @@ The copy holds solutions/, labs/ and tests/fixtures/hidden/; ``paths.repo_root``
 also looks in the copy's gpulab/grading/labs/ (where a new ``lab_NN.py`` is written), so the new
 lab goes through exactly what a real one does. A minimal lab — one answer region, one recorded
 value, one check — then passes the same structural rules as the shipped labs
-(``test_grading_labs.lab_problems``), and breaking any one rule gives a message that says it.
+(``gpulab.grading.labrules.lab_problems``), and breaking any one rule gives a message that says it.
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ import nbformat
 import pytest
 from click.testing import CliRunner
 from grading_support import code, markdown, notebook, write
-from test_grading_labs import LAB_NAME, REPO, lab_names, lab_problems, naming_problems
+from gpulab.grading.labrules import LAB_NAME, lab_names, lab_problems, naming_problems
+from test_grading_labs import REPO
 
 import gpulab.grading.labs as labs_package
 from gpulab import cli, paths

@@ -37,3 +37,13 @@ def test_a_port_whose_server_exited_is_free_despite_time_wait():
     # A listener with SO_REUSEADDR (any Go server, or a test's) gets the port at once.
     with _listener(port):
         pass
+
+
+def test_a_port_the_kernel_hands_out_twice_is_drawn_again(tmp_path, monkeypatch):
+    """Ports are free until their components listen: the same free port twice is not a collision to report."""
+    from gpulab.cluster import embedded
+
+    handed = iter([41000, 41000, 41001, 41002, 41003, 41004, 41005, 41006, 41007, 41008, 41009, 41010, 41011])
+    monkeypatch.setattr(embedded, "free_port", lambda: next(handed))
+    ports = embedded.EmbeddedCluster(tmp_path / "cluster")._ports({}, {})
+    assert len(set(ports.values())) == len(ports) == len(embedded.PORTS)
