@@ -139,23 +139,10 @@ def reset(topology: Path | None) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def status(as_json: bool) -> None:
     """Each component up or down; per node the GPU model, nvidia.com/* resources and taints."""
-    from .cluster import status as st
-
     cluster = _cluster()
-    if getattr(cluster, "backend", "embedded") == "kind":
-        data = cluster.status()
-        click.echo(json.dumps(data, indent=2) if as_json else cluster.render_status(data))
-        sys.exit(0 if data["up"] else 1)
-    if not cluster.exists():
-        if as_json:
-            click.echo(json.dumps({"backend": "embedded", "exists": False}))
-        else:
-            click.echo("no cluster yet: `gpulab up` creates one")
-        sys.exit(1)
-    data = st.collect(cluster)
-    click.echo(json.dumps(data, indent=2) if as_json else st.render(data))
-    if any(c["state"] != "up" for c in data["components"].values()):
-        sys.exit(1)
+    data = cluster.status()
+    click.echo(json.dumps(data, indent=2) if as_json else cluster.render_status(data))
+    sys.exit(0 if data["up"] else 1)
 
 
 @main.command()

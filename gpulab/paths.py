@@ -29,7 +29,13 @@ def cache() -> Path:
 
 
 def cluster_dir() -> Path:
+    """The embedded backend's cluster state."""
     return home() / "cluster"
+
+
+def kind_dir() -> Path:
+    """The kind backend's gpulab state (its topology, kubeconfig, the CA copied from the cluster)."""
+    return home() / "kind"
 
 
 def repo_root() -> Path:

@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 
 from .. import paths
+from ..kube.statedir import StateDir
 from .base import Cluster
 
 BACKENDS = ("embedded", "kind")
@@ -68,6 +69,13 @@ def current(name: str | None = None) -> Cluster:
     return EmbeddedCluster()
 
 
+def state_dir(name: str | None = None) -> Path:
+    """Where the cluster of ``name`` (default: the chosen backend) keeps its state, without loading the backend
+    (a lab kernel needs only the kubeconfig)."""
+    name = _check(name, "backend") if name else chosen()
+    return paths.kind_dir() if name == "kind" else paths.cluster_dir()
+
+
 def kubeconfig() -> Path:
     """The admin kubeconfig of the chosen backend's cluster (it may not exist yet)."""
-    return current().kubeconfig
+    return StateDir(state_dir()).kubeconfig

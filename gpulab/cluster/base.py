@@ -55,3 +55,9 @@ class Cluster(Protocol):
     def down(self, purge: bool = False, say: Say = say_to_stderr) -> str: ...
 
     def reset(self, topology_path: str | Path | None = None, say: Say = say_to_stderr) -> str: ...
+
+    def status(self) -> dict[str, Any]:
+        """What `gpulab status` shows; always with ``exists`` and ``up`` (every part of the cluster running)."""
+
+    def render_status(self, data: dict[str, Any]) -> str:
+        """``data`` (from :meth:`status`) as `gpulab status` prints it."""

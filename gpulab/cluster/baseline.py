@@ -57,6 +57,7 @@ from ..kube.names import (
 )
 from ..kube.names import DEVICE_PLUGIN_CONFIG_LABEL as CONFIG_LABEL
 from . import nodes as node_objects
+from .base import Cluster
 
 POLICY = CLUSTER_POLICY
 STACK_LABELS = (CONFIG_LABEL, MIG_CONFIG_LABEL)
@@ -480,17 +481,16 @@ def _clean_priority_class(pc: Mapping[str, Any]) -> dict[str, Any]:
     return keep
 
 
-def topology_baseline(source: Path | Any | None) -> dict[str, dict[str, Any]]:
+def topology_baseline(source: Cluster | Path | None) -> dict[str, dict[str, Any]]:
     """Per node, the labels and taints the topology gives it at bring-up ({} when unknown).
 
-    ``source`` is a cluster object of either backend (anything with ``topology()``)
-    or the directory of an embedded cluster.
+    ``source`` is a cluster of either backend or the directory of an embedded cluster.
     """
     if source is None:
         return {}
     from .embedded import EmbeddedCluster
 
-    topo = (source if hasattr(source, "topology") else EmbeddedCluster(Path(source))).topology()
+    topo = (EmbeddedCluster(source) if isinstance(source, Path) else source).topology()
     found = {}
     for node_spec in topo.nodes:
         obj = node_objects.node_object(node_spec, NODE_ANNOTATION)

@@ -41,6 +41,7 @@ import stat
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from .. import paths
 from .._fsutil import hold_lock, remove_tree
@@ -50,6 +51,7 @@ from ..kube.names import API_ADDRESS, NODE_ANNOTATION, POD_CIDR, SERVICE_CIDR
 from ..runtime import network, sandbox, shim, streaming
 from ..runtime.resourcemetrics import SERVING_CERT as NODE_AGENT_SERVING_CERT
 from . import addons, binaries, clusterdns, kubeproxy, metricsserver, nodes
+from . import status as status_mod
 from ..kube import api, kubeconfig, pki
 from .processes import Component, ProcessTable, StartError, free_port, http_ok, https_ok, port_is_free, who_listens
 from ..kube.statedir import StateDir
@@ -221,6 +223,14 @@ class EmbeddedCluster(StateDir):
         took = time.monotonic() - started
         return (f"cluster up in {took:.1f} s: {len(topo.nodes)} nodes Ready "
                 f"({len(topo.gpu_nodes)} with GPUs); kubeconfig: {self.kubeconfig}")
+
+    def status(self) -> dict[str, Any]:
+        """What `gpulab status` shows: every component up (its pid) or down, each node's GPUs."""
+        return status_mod.collect(self, components())
+
+    @staticmethod
+    def render_status(data: dict[str, Any]) -> str:
+        return status_mod.render(data)
 
     def _ports(self, previous: dict[str, int], running: dict[str, int]) -> dict[str, int]:
         owner = {"etcd-client": "etcd", "etcd-peer": "etcd", "apiserver": "kube-apiserver",

@@ -1,4 +1,9 @@
-"""`gpulab status`: components up or down, and each node's GPUs."""
+"""`gpulab status` on the embedded backend: components up or down, and each node's GPUs.
+
+:meth:`gpulab.cluster.embedded.EmbeddedCluster.status` collects it and ``render_status`` shows it;
+the kind backend has its own (node containers instead of processes). Both answer the same
+:class:`gpulab.cluster.base.Cluster` calls, with ``exists`` and ``up`` in what they return.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +14,7 @@ from kubernetes.utils import parse_quantity
 
 from ..kube import api
 from ..kube.names import ALLOCATED_DEVICES_ANNOTATION
-from .embedded import EmbeddedCluster, components
+from .base import Cluster
 
 GPU_PREFIX = "nvidia.com/"
 # Written on each pod by the node agent after admission (gpulab.fakegpu.node).
@@ -30,16 +35,21 @@ def _requests(pod: dict[str, Any]) -> dict[str, float]:
     return total
 
 
-def collect(cluster: EmbeddedCluster) -> dict[str, Any]:
+def collect(cluster: Cluster, components: tuple[str, ...]) -> dict[str, Any]:
+    """The cluster's ``components`` (each up with its pid, or down) and, with an apiserver, its nodes."""
+    if not cluster.exists():
+        return {"backend": "embedded", "exists": False, "up": False, "dir": str(cluster.root)}
     running = cluster.running()
     out: dict[str, Any] = {
         "backend": "embedded",
+        "exists": True,
         "dir": str(cluster.root),
         "kubeconfig": str(cluster.kubeconfig),
         "components": {c: ({"state": "up", "pid": running[c]} if c in running else {"state": "down"})
-                       for c in components()},
+                       for c in components},
         "nodes": [],
     }
+    out["up"] = all(c["state"] == "up" for c in out["components"].values())
     if "kube-apiserver" not in running:
         return out
     try:
@@ -90,6 +100,8 @@ def collect(cluster: EmbeddedCluster) -> dict[str, Any]:
 
 
 def render(st: dict[str, Any]) -> str:
+    if not st["exists"]:
+        return "no cluster yet: `gpulab up` creates one"
     lines = [f"backend: {st['backend']}   state: {st['dir']}", f"kubeconfig: {st['kubeconfig']}", ""]
     lines.append("COMPONENT                 STATE   PID")
     for name, c in st["components"].items():

@@ -67,6 +67,7 @@ from typing import Any
 from gpulab import _poll
 from gpulab.cluster import baseline
 from gpulab.cluster.baseline import Restored
+from gpulab.cluster.base import Cluster
 from gpulab.fakegpu import faults
 from gpulab.kube import api, kubeconfig, pki
 from gpulab.kube.names import OPERATOR_NAMESPACE
@@ -399,7 +400,7 @@ class ClusterSandbox:
             raise ValueError("restore='reset' needs reset_cluster (e.g. EmbeddedCluster.reset)")
 
     @classmethod
-    def for_cluster(cls, cluster: Any, spec: LabSpec, restore: str = "targeted") -> ClusterSandbox:
+    def for_cluster(cls, cluster: Cluster, spec: LabSpec, restore: str = "targeted") -> ClusterSandbox:
         """A sandbox on a cluster of either backend (its admin client and CA)."""
         server = kubeconfig.server_of(cluster.kubeconfig)
         if not server:
@@ -701,10 +702,10 @@ def restore_journal(client: api.Client, record: journal.Journal, timeout: float 
     return done
 
 
-def recover(cluster: Any, client: api.Client | None = None) -> list[journal.Outcome]:
+def recover(cluster: Cluster, client: api.Client | None = None) -> list[journal.Outcome]:
     """:func:`journal.recover` for a cluster object of either backend (skipped when it is not running)."""
-    root = getattr(cluster, "root", None)
-    if root is None or not journal.journal_dir(root).is_dir():
+    root = cluster.root
+    if not journal.journal_dir(root).is_dir():
         return []
     if client is None:
         if not cluster.exists() or not cluster.is_up():

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from gpulab import paths
+from gpulab.cluster.base import Cluster
 from gpulab._fsutil import atomic_write_json
 from gpulab.kube import api
 
@@ -62,7 +63,7 @@ def lab_of_notebook(path: str | Path) -> str:
     return f"{int(match.group(1)):02d}"
 
 
-def _cluster(cluster: Any = None) -> Any:
+def _cluster(cluster: Cluster | None = None) -> Cluster:
     from gpulab.cluster import backend
 
     cluster = cluster or backend.current()
@@ -92,7 +93,7 @@ class Setup:
         self.sandbox.close()
 
 
-def setup(lab: str, *, cluster: Any = None, hidden: str | Path | None = None, jail: bool = True,
+def setup(lab: str, *, cluster: Cluster | None = None, hidden: str | Path | None = None, jail: bool = True,
           masks: Iterable[str | Path] = (), restore: str = "targeted", cell_timeout: float | None = None,
           timeout: float | None = None) -> Setup:
     """Build the runner, collector and sandbox for ``lab`` on ``cluster`` (default: the local one).
@@ -130,7 +131,7 @@ def namespace_for(spec: LabSpec, prefix: str = "grade") -> Callable[[str, str], 
 
 
 def grade_submissions(submissions_dir: str | Path, lab: str, out_dir: str | Path, *, hidden: str | Path | None = None,
-                      jail: bool = True, restore: str = "targeted", cluster: Any = None,
+                      jail: bool = True, restore: str = "targeted", cluster: Cluster | None = None,
                       progress: Callable[[ProgressEvent], None] | bool = True,
                       cell_timeout: float | None = None, learners: Iterable[str] | None = None) -> BatchResult:
     """Grade the submissions of ``lab`` in ``submissions_dir`` on the local cluster (``gpulab grade``).
@@ -195,7 +196,7 @@ def grade_visible(spec: LabSpec, suite: CheckSuite, sub: Submission, runner: Not
 
 
 def check_notebook(notebook: str | Path, *, lab: str | None = None, out_dir: str | Path | None = None,
-                   jail: bool = True, cluster: Any = None, learner: str | None = None) -> CheckReport:
+                   jail: bool = True, cluster: Cluster | None = None, learner: str | None = None) -> CheckReport:
     """Run one notebook as the grader would (``gpulab check``); visible checks only."""
     notebook = Path(notebook)
     if not notebook.is_file():
@@ -239,7 +240,7 @@ class KernelRun:
 
 
 def check_kernel(lab: str, namespace: str, values: Mapping[str, Any], *, notebook: str | Path | None = None,
-                 cluster: Any = None, client: Any = None) -> CheckReport:
+                 cluster: Cluster | None = None, client: api.Client | None = None) -> CheckReport:
     """Grade a lab notebook from its own kernel (labkit's ``check()``): visible checks only.
 
     The values the notebook recorded so far (``values``) and what ``namespace``

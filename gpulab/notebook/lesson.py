@@ -34,6 +34,7 @@ from kubernetes.config import kube_config
 
 from .. import paths
 from ..cluster import baseline
+from ..cluster.base import Cluster
 from ..kube import api
 from . import quantity
 from .shell import REPO
@@ -61,7 +62,7 @@ def _say(msg: str) -> None:
 class Lab:
     """One lesson's connection to the cluster and the state it promises to undo."""
 
-    def __init__(self, lesson: str, namespace: str, cluster: Any, node_labels: Sequence[str],
+    def __init__(self, lesson: str, namespace: str, cluster: Cluster, node_labels: Sequence[str],
                  node_taints: Sequence[str], extra_namespaces: Sequence[str] = (), gpu_stack: bool = False):
         self.lesson = lesson
         self.namespace = namespace
@@ -271,7 +272,7 @@ def setup(lesson: str, *, namespace: str | None = None, node_labels: Sequence[st
     return lab
 
 
-def _recover_graders(cluster: Any, kube: api.Client) -> None:
+def _recover_graders(cluster: Cluster, kube: api.Client) -> None:
     """Put back what a killed ``gpulab grade``/``check`` left on the cluster (a fault, a taint …), saying what."""
     from ..grading import cluster as grading_cluster
     from ..grading import journal

@@ -15,7 +15,7 @@ import pytest
 from helpers import wait_for
 from kubernetes.utils import parse_quantity
 
-from gpulab.cluster import metricsserver, status
+from gpulab.cluster import metricsserver
 from gpulab.runtime import resourcemetrics
 
 pytestmark = pytest.mark.cluster
@@ -40,7 +40,7 @@ def top(kubectl, *args: str) -> tuple[list[str], list[list[str]]]:
 
 
 def test_kubectl_top_shows_real_and_declared_usage(kube, kubectl, ns, cluster):
-    assert status.collect(cluster)["components"]["metrics-server"]["state"] == "up"
+    assert cluster.status()["components"]["metrics-server"]["state"] == "up"
     wait_for(lambda: metricsserver.available(kube), 60, what="APIService v1beta1.metrics.k8s.io Available")
     kube.create(pod("busy", ns, ["sh", "-c", "while :; do :; done"]))
     kube.create(pod("declared", ns, annotations={resourcemetrics.CPU_ANNOTATION: "250m",

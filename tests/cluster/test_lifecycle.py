@@ -15,7 +15,6 @@ import sys
 
 import pytest
 
-from gpulab.cluster import status as cluster_status
 from gpulab.notebook import pod_status
 from helpers import wait_for
 
@@ -62,7 +61,7 @@ def test_crashed_component_is_reported_and_restarted_with_objects_kept(cluster, 
                  "metadata": {"name": "survivor", "namespace": "default"}, "data": {"k": "v"}})
     os.kill(cluster.running()["kube-scheduler"], signal.SIGKILL)
     wait_for(lambda: "kube-scheduler" not in cluster.running(), 10, what="scheduler gone")
-    data = cluster_status.collect(cluster)
+    data = cluster.status()
     assert data["components"]["kube-scheduler"]["state"] == "down"
     proc = gpulab("status", env_home=gpulab_home)
     assert proc.returncode == 1 and "kube-scheduler            down" in proc.stdout

@@ -264,3 +264,33 @@ def test_each_lab_has_a_self_check_cell_the_grader_and_nbval_leave_alone(path):
     assert cells[i - 1].cell_type == "markdown" and cells[i - 1].source.startswith("## 自查")
     assert f"gpulab check labs/{path.name}" in cells[i - 1].source
     assert i < len(cells) - 1, "the cleanup cell stays last"
+
+
+def test_a_lab_kernel_finds_the_kubeconfig_without_loading_a_backend(tmp_path):
+    """labkit is what a lab notebook imports: the kubeconfig's path comes from the state directory alone."""
+    import subprocess
+    import sys
+
+    code = ("import sys\n"
+            "from gpulab.grading import labkit\n"
+            "from gpulab.cluster import backend\n"
+            "backend.kubeconfig()\n"
+            "loaded = [m for m in ('gpulab.cluster.embedded', 'gpulab.cluster.kind', 'kubernetes') if m in sys.modules]\n"
+            "assert not loaded, loaded\n")
+    env = {"GPULAB_HOME": str(tmp_path), "PATH": "/usr/bin:/bin"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    assert out.returncode == 0, out.stderr
+
+
+def test_the_state_directory_is_the_backends_own(tmp_path, monkeypatch):
+    from gpulab.cluster import backend
+    from gpulab.cluster.embedded import EmbeddedCluster
+    from gpulab.cluster.kind import KindCluster
+
+    monkeypatch.setenv("GPULAB_HOME", str(tmp_path))
+    assert backend.state_dir("embedded") == EmbeddedCluster().root
+    assert backend.state_dir("kind") == KindCluster().root
+    backend.choose("kind")
+    assert backend.kubeconfig() == KindCluster().kubeconfig
+    backend.forget()
+    assert backend.kubeconfig() == EmbeddedCluster().kubeconfig
