@@ -589,7 +589,8 @@ def grade_batch(submissions_dir: str | Path, lab: str, checks: CheckSuite | Iter
                 cwd: str | Path | None = None,
                 namespace_for: Callable[[str, str], str] = default_namespace,
                 learners: Iterable[str] | None = None,
-                clock: Callable[[], datetime] = utc_now) -> BatchResult:
+                clock: Callable[[], datetime] = utc_now,
+                submissions: Sequence[Submission] | None = None) -> BatchResult:
     """Grade the submissions of ``lab`` in ``submissions_dir`` into ``out_dir``, merging into its gradebook.
 
     ``checks`` is a :class:`CheckSuite` (or checks, or None to load the lab's
@@ -597,14 +598,16 @@ def grade_batch(submissions_dir: str | Path, lab: str, checks: CheckSuite | Iter
     the kernel's working directory (default: the submission's directory); set
     it to ``labs/`` so relative paths to ``manifests/`` resolve as for learners.
     ``learners`` limits grading to those learners' submissions; ``clock`` gives
-    each row's ``graded-at``. An unknown learner or an ``out_dir`` holding
+    each row's ``graded-at``; ``submissions``: the ones to grade, already discovered and selected (by
+    :func:`gpulab.grading.grader.grade_submissions`), instead of looking again. An unknown learner or an ``out_dir`` holding
     another lab's grades raises :class:`GradebookError` before anything is run
     or written; rows already in the gradebook are kept (see the module docstring).
     """
     out = Path(out_dir)
     suite = _resolve_suite(lab, checks, hidden)
     collector = collector or NullCollector()
-    subs = select_submissions(discover_submissions(submissions_dir, lab), learners, submissions_dir)
+    subs = (list(submissions) if submissions is not None
+            else select_submissions(discover_submissions(submissions_dir, lab), learners, submissions_dir))
     check_out_dir(out, lab)
     (out / "feedback").mkdir(parents=True, exist_ok=True)
     gradebook = out / GRADEBOOK

@@ -93,22 +93,23 @@ class Setup:
         self.sandbox.close()
 
 
-def setup(lab: str, *, cluster: Cluster | None = None, hidden: str | Path | None = None, jail: bool = True,
-          masks: Iterable[str | Path] = (), restore: str = "targeted", cell_timeout: float | None = None,
-          timeout: float | None = None) -> Setup:
-    """Build the runner, collector and sandbox for ``lab`` on ``cluster`` (default: the local one).
+def setup(lab: str | LabSpec, *, cluster: Cluster | None = None, hidden: str | Path | None = None,
+          jail: bool = True, masks: Iterable[str | Path] = (), restore: str = "targeted",
+          cell_timeout: float | None = None, timeout: float | None = None) -> Setup:
+    """Build the runner, collector and sandbox for ``lab`` (its id, or its settings already loaded) on
+    ``cluster`` (default: the local one).
 
     The grading secret (:mod:`gpulab.grading.secret`) is created here when this
     ``GPULAB_HOME`` has none, and masked from the jail like the hidden checks.
     """
-    spec = _spec(lab)
+    spec = lab if isinstance(lab, LabSpec) else _spec(lab)
     cluster = _cluster(cluster)
     try:
         ensure_secret()
     except (SecretError, OSError) as exc:
         raise GradingError(f"cannot read or create the grading secret: {exc}") from exc
     try:
-        suite = load_lab_checks(lab)
+        suite = load_lab_checks(spec.lab)
         if hidden is not None:
             suite = suite.with_hidden(load_hidden_checks(hidden, spec.lab))
     except CheckLoadError as exc:
@@ -143,13 +144,13 @@ def grade_submissions(submissions_dir: str | Path, lab: str, out_dir: str | Path
     if not submissions_dir.is_dir():
         raise GradingError(f"{submissions_dir}: no such directory of submissions")
     learners = None if learners is None else list(learners)
-    lab_id = _spec(lab).lab
+    spec = _spec(lab)  # the lab's settings, loaded once for the whole batch
     try:  # before the cluster and the jail: a wrong name or folder is told at once
-        select_submissions(discover_submissions(submissions_dir, lab_id), learners, submissions_dir)
-        check_out_dir(out_dir, lab_id)
+        subs = select_submissions(discover_submissions(submissions_dir, spec.lab), learners, submissions_dir)
+        check_out_dir(out_dir, spec.lab)
     except GradebookError as exc:
         raise GradingError(str(exc)) from exc
-    ready = setup(lab, cluster=cluster, hidden=hidden, jail=jail, masks=(submissions_dir, out_dir), restore=restore,
+    ready = setup(spec, cluster=cluster, hidden=hidden, jail=jail, masks=(submissions_dir, out_dir), restore=restore,
                   cell_timeout=cell_timeout)
     bar = TqdmProgress() if progress is True else (progress or None)
     try:
@@ -158,7 +159,7 @@ def grade_submissions(submissions_dir: str | Path, lab: str, out_dir: str | Path
         return grade_batch(submissions_dir, ready.spec.lab, ready.suite, ready.runner, out_dir,
                            progress=bar, collector=ready.collector, sandbox=ready.sandbox,
                            parameters=dict(ready.spec.parameters), namespace_for=namespace_for(ready.spec),
-                           learners=learners)
+                           learners=learners, submissions=subs)
     except GradebookError as exc:
         raise GradingError(str(exc)) from exc
     finally:
@@ -205,7 +206,7 @@ def check_notebook(notebook: str | Path, *, lab: str | None = None, out_dir: str
     learner = learner or getpass.getuser() or "learner"
     spec = _spec(lab)
     out = Path(out_dir) if out_dir else paths.home() / "checks" / spec.lab
-    ready = setup(lab, cluster=cluster, jail=jail, masks=(out,))
+    ready = setup(spec, cluster=cluster, jail=jail, masks=(out,))
     try:
         row = grade_visible(spec, ready.suite, Submission(learner, notebook), ready.runner, ready.collector, out,
                             sandbox=ready.sandbox)

@@ -123,3 +123,35 @@ def test_child_environment_is_explicit(monkeypatch):
     assert env["KUBECONFIG"] == "/restricted" and env["EXTRA"] == "1"
     assert "AWS_SECRET_ACCESS_KEY" not in env
     assert "KUBECONFIG" not in Runner().child_env()
+
+
+def test_a_batch_loads_its_lab_once_and_looks_for_submissions_once(tmp_path, monkeypatch):
+    """`gpulab grade`: the lab's settings and the submissions folder are read once per batch."""
+    from gpulab.grading import gradebook, grader
+
+    loads, looks = [], []
+    real_spec, real_discover = grader.load_lab_spec, gradebook.discover_submissions
+    monkeypatch.setattr(grader, "load_lab_spec", lambda lab: loads.append(lab) or real_spec(lab))
+    monkeypatch.setattr(grader, "discover_submissions",
+                        lambda d, lab: looks.append(d) or real_discover(d, lab))
+    monkeypatch.setattr(gradebook, "discover_submissions",
+                        lambda d, lab: looks.append(d) or real_discover(d, lab))
+
+    class Ready:
+        spec = real_spec("03")
+        suite, runner, collector, sandbox = None, None, None, None
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(grader, "setup", lambda spec, **kw: (loads.append("setup:" + type(spec).__name__), Ready())[1])
+    monkeypatch.setattr(grader, "delete_leftovers", lambda client, prefix: None)
+    seen = {}
+    monkeypatch.setattr(grader, "grade_batch", lambda *a, **kw: seen.update(kw) or "result")
+    subs = tmp_path / "subs"
+    (subs / "ada").mkdir(parents=True)
+    (subs / "ada" / "03-taints-tolerations.ipynb").write_text("{}")
+    Ready.sandbox = type("S", (), {"client": None})()
+    assert grader.grade_submissions(subs, "03", tmp_path / "out", progress=False) == "result"
+    assert loads == ["03", "setup:LabSpec"] and len(looks) == 1
+    assert [s.learner for s in seen["submissions"]] == ["ada"]
