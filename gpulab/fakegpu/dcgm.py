@@ -18,15 +18,26 @@ from __future__ import annotations
 import http.server
 import socket
 import threading
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import Any, Iterator, Protocol
 
 from prometheus_client.exposition import generate_latest
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import CollectorRegistry
 
-if TYPE_CHECKING:
-    from .node import GpuNode
+
+
+class MetricsView(Protocol):
+    """What the exporter reads of a node: its GPUs' state, who holds each device, MIG instances' activity.
+    A simulated node (:class:`gpulab.fakegpu.node.GpuNode`) is one on either host."""
+
+    name: str
+
+    def state(self) -> dict[str, Any]: ...
+
+    def holders(self) -> dict[str, list[tuple[str, str, str]]]: ...
+
+    def mig_activity(self, uuid: str) -> float: ...
 
 #: (name, type, help) as dcgm-exporter's default-counters.csv describes them.
 FIELDS = (
@@ -49,7 +60,7 @@ Sample = tuple[str, dict[str, str], float]
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
-def _series(node: "GpuNode") -> dict[str, list[tuple[dict[str, str], float]]]:
+def _series(node: MetricsView) -> dict[str, list[tuple[dict[str, str], float]]]:
     """Field name -> ``(labels, value)`` of each of its series on the node, now."""
     state = node.state()
     holders = node.holders()  # device UUID -> [(namespace, pod, container)]
@@ -100,7 +111,7 @@ class NodeCollector:
     is left out, HELP and TYPE included, as dcgm-exporter leaves it out.
     """
 
-    def __init__(self, node: "GpuNode"):
+    def __init__(self, node: MetricsView):
         self.node = node
 
     def collect(self) -> Iterator[Metric]:
@@ -114,14 +125,14 @@ class NodeCollector:
             yield family
 
 
-def registry(node: "GpuNode") -> CollectorRegistry:
+def registry(node: MetricsView) -> CollectorRegistry:
     """A private registry holding only the node's collector (the global one is never touched)."""
     reg = CollectorRegistry(auto_describe=False)
     reg.register(NodeCollector(node))
     return reg
 
 
-def render(node: "GpuNode") -> str:
+def render(node: MetricsView) -> str:
     """The ``/metrics`` page of the node's exporter, now."""
     return generate_latest(registry(node)).decode()
 
@@ -135,7 +146,7 @@ def parse(text: str) -> list[Sample]:
             for family in text_string_to_metric_families(text) for s in family.samples]
 
 
-def serve(node: "GpuNode", address: tuple[str, int] | socket.socket,
+def serve(node: MetricsView, address: tuple[str, int] | socket.socket,
           thread_name: str = "dcgm-exporter") -> http.server.ThreadingHTTPServer:
     """Serve ``/metrics`` (rendered per request) and ``/health`` as dcgm-exporter does, in a thread, at
     ``address`` or on a socket already listening (made where the pod's IP is).

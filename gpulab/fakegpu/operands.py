@@ -239,7 +239,7 @@ class EmbeddedHost(ApiHost):
 
     def metrics_view(self) -> MetricsView:
         assert self.gpu_node is not None
-        return self.gpu_node  # type: ignore[return-value]
+        return self.gpu_node
 
     def metrics_address(self) -> tuple[str, int]:
         return ("127.0.0.1", 0)

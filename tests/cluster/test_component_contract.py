@@ -34,6 +34,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import urllib.request
 import uuid
 from pathlib import Path
 from typing import Iterator
@@ -51,11 +52,14 @@ from gpu_support import (
     wait_stack,
 )
 from helpers import wait_for
+from prometheus_client.parser import text_string_to_metric_families
 
 from gpulab.cluster import kind
+from gpulab.cluster.processes import free_port
 from gpulab.fakegpu import daemon, faults, gfd, mig
 from gpulab.fakegpu.deviceplugin.kubelet import DeviceManager
 from gpulab.fakegpu.node import NodeStatusWriter
+from gpulab.fakegpu.operands import METRICS_ANNOTATION
 from gpulab.kube import api
 from gpulab.kube import topology as topo_mod
 
@@ -77,6 +81,8 @@ class Hosts:
     kind_node: str
     root: Path
     procs: dict[str, subprocess.Popen]
+    #: The kind host's DCGM exporter (the embedded one publishes its endpoint on its pod).
+    kind_metrics: str = ""
 
     @property
     def nodes(self) -> tuple[str, str]:
@@ -189,7 +195,10 @@ def hosts(kube, cluster) -> Iterator[Hosts]:
                              "--mig-strategy", strategy)
         procs["mig-manager"] = start("mig-manager", "mig-manager", "--host-dir", str(host_dir),
                                      "--namespace", OPERATOR_NS)
-        hosts = Hosts(kube, name, root, procs)
+        metrics_port = free_port()
+        procs["dcgm-exporter"] = start("dcgm-exporter", "dcgm-exporter", "--host-dir", str(host_dir),
+                                       "--listen", f"127.0.0.1:{metrics_port}")
+        hosts = Hosts(kube, name, root, procs, f"http://127.0.0.1:{metrics_port}/metrics")
         yield hosts
     finally:
         for proc in procs.values():
@@ -217,6 +226,36 @@ def hosts(kube, cluster) -> Iterator[Hosts]:
 
 
 BASE = {"nvidia.com/gpu": ("2", "2")}
+
+
+def _series(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """An exporter's page as {(name, labels without the per-machine ones): value}."""
+    text = urllib.request.urlopen(url, timeout=5).read().decode()
+    per_machine = {"Hostname", "UUID", "pci_bus_id"}  # each host's own node name and GPUs' identities
+    return {(s.name, tuple(sorted((k, v) for k, v in s.labels.items() if k not in per_machine))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def test_the_dcgm_exporter_serves_the_same_series_on_both_hosts(hosts, kube):
+    exporter = kube.list("Pod", OPERATOR_NS, label_selector="app=nvidia-dcgm-exporter")[0]
+    embedded_url = wait_for(lambda: (kube.get("Pod", exporter["metadata"]["name"], OPERATOR_NS)["metadata"]
+                                     .get("annotations") or {}).get(METRICS_ANNOTATION), 30,
+                            what="the embedded exporter's endpoint")
+    wait_for(lambda: _reachable(hosts.kind_metrics), 30, what="the kind host's exporter listening")
+    # Idle cards (no pod holds one here): the same series, labels and values on both hosts.
+    embedded, on_kind = _series(embedded_url), _series(hosts.kind_metrics)
+    assert embedded == on_kind, {k: (embedded.get(k), on_kind.get(k)) for k in set(embedded) ^ set(on_kind)}
+    assert ("DCGM_FI_DEV_GPU_UTIL", (("device", "nvidia0"), ("gpu", "0"),
+                                     ("modelName", "NVIDIA H100 80GB HBM3"))) in embedded
+    hosts.check_alive()
+
+
+def _reachable(url: str) -> bool:
+    try:
+        urllib.request.urlopen(url, timeout=2).read()
+        return True
+    except OSError:
+        return False
 
 
 def test_both_hosts_start_with_the_same_labels_and_resources(hosts):

@@ -29,6 +29,7 @@ from typing import Any, Callable, Mapping, Protocol
 from ...hardware.models import GpuModel, MigLayout
 from ...kube import api, events
 from ...kube.names import OPERATOR_COMPONENT, OPERATOR_NAMESPACE
+from ..dcgm import MetricsView
 from ..devicemap import NodeResources
 from ..deviceplugin.plugin import PluginConfig
 from ..faults import NodeFaults
@@ -133,18 +134,6 @@ class Settings:
     fallbacks: tuple[str, ...] = ("named", "single")
     #: config-manager: where it writes the chosen config (a path of this host); None: not mounted.
     config_dst: Path | None = None
-
-
-class MetricsView(Protocol):
-    """What :func:`gpulab.fakegpu.dcgm.render` reads of a node."""
-
-    name: str
-
-    def state(self) -> dict[str, Any]: ...
-
-    def holders(self) -> dict[str, list[tuple[str, str, str]]]: ...
-
-    def mig_activity(self, uuid: str) -> float: ...
 
 
 class Host(Protocol):
