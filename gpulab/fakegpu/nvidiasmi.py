@@ -49,6 +49,10 @@ State file schema (``"schema": "gpulab.nvidia-smi/v1"``); every field but
         "clocks": {"graphics": 405, "sm": 405, "memory": 3201, "video": 765},
         "max_clocks": {"graphics": 1980, "sm": 1980, "memory": 3201, "video": 1545},
         "fabric": {"state": "N/A", "status": "N/A"},
+        "cpu_affinity": "0-15", "numa_affinity": 0,   # optional, for topo -m: default all CPUs
+                                              # of the machine nvidia-smi runs on, node 0
+        "nvlinks": 18,                        # optional: NVLinks to each other GPU (topo -m NV18);
+                                              # default 18 Hopper / 12 Ampere if module_id set, else PCIe
         "mig_capable": true, "mig_mode": "Disabled" | "Enabled", "mig_mode_pending": null,
         "mig_memory_slices": 8, "mig_compute_slices": 7,   # the GPU's MIG slices (4 and 4 on an A30)
         "mig_profiles": [{"name": "1g.18gb", "id": 19, "g": 1, "mem_slices": 1,
@@ -100,6 +104,7 @@ MSG_NO_DRIVER = (
 )
 MSG_INVALID_ARGS = "Invalid combination of input arguments. Please run 'nvidia-smi -h' for help."
 MSG_NO_MIG = "No MIG-supported devices found."
+MSG_OPTION_NOT_VALID = "ERROR: Option {option} is not valid for this command."
 
 # --------------------------------------------------------------------------
 # Faults (the state file's ``fault`` field)
@@ -512,6 +517,33 @@ def _q_pci_part(index: int):
     return get
 
 
+def _q_tlimit(v: _View) -> tuple[str, str]:
+    """Headroom below the max operating temperature (``-q``: GPU T.Limit Temp)."""
+    limit = v.gpu.get("temperature_max_operating")
+    return (_NA, "") if limit is None else (str(_int(limit) - _int(v.get("temperature_gpu", 0))), "")
+
+
+# Clock event reasons (NVML's nvmlClocksEventReason* bits) the fake can show.
+# Only "gpu_idle" is ever active: an idle GPU (utilisation 0) drops its clocks.
+_CLOCK_EVENT_REASONS = (
+    ("gpu_idle", 0x1), ("applications_clocks_setting", 0x2), ("sw_power_cap", 0x4), ("hw_slowdown", 0x8),
+    ("sync_boost", 0x10), ("sw_thermal_slowdown", 0x20), ("hw_thermal_slowdown", 0x40),
+    ("hw_power_brake_slowdown", 0x80),
+)
+
+
+def _event_mask(v: _View) -> int:
+    return 0 if _int(v.get("utilization_gpu", 0)) > 0 else 0x1
+
+
+def _q_event_mask(v: _View) -> tuple[str, str]:
+    return f"0x{_event_mask(v):016X}", ""
+
+
+def _q_event_reason(bit: int):
+    return lambda v: ("Active" if _event_mask(v) & bit else "Not Active", "")
+
+
 # field -> (header unit, getter). Getters return (value, unit).
 _QUERY_FIELDS: dict[str, tuple[str, object]] = {
     "timestamp": ("", None),  # filled in by render_query (needs the clock)
@@ -567,6 +599,9 @@ _QUERY_FIELDS: dict[str, tuple[str, object]] = {
     "ecc.mode.pending": ("", lambda v: (_enabled(v.get("ecc_enabled", True)), "")),
     "mig.mode.current": ("", _q_mig_mode("mig_mode")),
     "mig.mode.pending": ("", _q_mig_mode("mig_mode_pending")),
+    "temperature.gpu.tlimit": ("", _q_tlimit),
+    "clocks_event_reasons.active": ("", _q_event_mask),
+    **{"clocks_event_reasons." + name: ("", _q_event_reason(bit)) for name, bit in _CLOCK_EVENT_REASONS},
 }
 _QUERY_ALIASES = {
     "gpu_name": "name",
@@ -579,7 +614,9 @@ _QUERY_ALIASES = {
     "clocks.video": "clocks.current.video",
     "clocks.max.gr": "clocks.max.graphics",
     "clocks.max.mem": "clocks.max.memory",
-    "temperature.gpu.tlimit": "temperature.gpu",
+    # Driver 535 renamed the throttle reasons to clock event reasons.
+    **{"clocks_throttle_reasons." + r: "clocks_event_reasons." + r
+       for r in ("active",) + tuple(name for name, _bit in _CLOCK_EVENT_REASONS)},
 }
 
 
@@ -612,18 +649,20 @@ def render_query(state: dict, views: list[_View], fields: list[str], header: boo
         key = _QUERY_ALIASES.get(f, f)
         if key not in _QUERY_FIELDS:
             raise UsageError(f'Field "{f}" is not a valid field to query.\n')
-        resolved.append((f, key))
+        resolved.append(key)
     lines = []
     if header:
+        # An alias prints under its current name, as the real one does
+        # (clocks.sm -> "clocks.current.sm [MHz]").
         cols = []
-        for f, key in resolved:
+        for key in resolved:
             unit = _QUERY_FIELDS[key][0]
-            cols.append(f"{f} [{unit}]" if unit and units else f)
+            cols.append(f"{key} [{unit}]" if unit and units else key)
         lines.append(", ".join(cols))
     now = _now(state)
     for v in views:
         values = []
-        for _f, key in resolved:
+        for key in resolved:
             if key == "timestamp":
                 values.append(_query_timestamp(now))
                 continue
@@ -672,306 +711,418 @@ def _na(value, unit: str = "") -> str:
     return f"{value} {unit}".rstrip()
 
 
+# The per-GPU part of the report is data: a tuple of rows, each
+# ``(depth, label, value)``. ``value`` is None for a title line, a constant,
+# or a function of a :class:`_QCtx`. Three kinds of marker rows steer the
+# renderer (:func:`_q_rows`): :class:`_Section` starts a part that ``-d``
+# shows or hides, :class:`_If` picks rows by a test, :class:`_Each` repeats
+# rows for every item (MIG device, process), with ``ctx.item``/``ctx.n`` set.
+
+
+class _QCtx:
+    """What a value function sees: the state, the GPU, the current item."""
+
+    __slots__ = ("state", "v", "g", "item", "n")
+
+    def __init__(self, state: dict, v: _View, item=None, n: int = 0):
+        self.state, self.v, self.g, self.item, self.n = state, v, v.gpu, item, n
+
+    def bus(self) -> tuple[str, str, str, str]:
+        """(bus id, domain, bus, device) of the GPU's PCI address."""
+        bus = str(self.v.get("bus_id", "00000000:00:00.0"))
+        domain, _, rest = bus.partition(":")
+        bus_no, _, dev = rest.partition(":")
+        return bus, domain, bus_no, dev.split(".")[0]
+
+
+class _Section:
+    """Rows from here on belong to a ``-d`` section (None: shown only without ``-d``)."""
+
+    __slots__ = ("tag",)
+
+    def __init__(self, tag: str | None):
+        self.tag = tag
+
+
+class _If:
+    __slots__ = ("test", "rows", "orelse")
+
+    def __init__(self, test, rows: tuple, orelse: tuple = ()):
+        self.test, self.rows, self.orelse = test, rows, orelse
+
+
+class _Each:
+    __slots__ = ("items", "rows")
+
+    def __init__(self, items, rows: tuple):
+        self.items, self.rows = items, rows
+
+
+def _q_rows(q: _Q, rows: tuple, ctx: _QCtx) -> None:
+    """Render report rows (see above) into ``q``."""
+    for row in rows:
+        if isinstance(row, _Section):
+            q.section(row.tag)
+        elif isinstance(row, _If):
+            _q_rows(q, row.rows if row.test(ctx) else row.orelse, ctx)
+        elif isinstance(row, _Each):
+            for n, item in enumerate(row.items(ctx)):
+                _q_rows(q, row.rows, _QCtx(ctx.state, ctx.v, item, n))
+        elif q.on:
+            depth, label, value = row
+            if value is None:
+                q.head(depth, label)
+            else:
+                q.kv(depth, label, value(ctx) if callable(value) else value)
+
+
+# Value functions and row makers used by the table.
+
+
+def _gv(key: str, default="N/A"):
+    """The GPU's ``key`` (``default`` when missing or null)."""
+    return lambda c: c.v.get(key, default)
+
+
+def _item_int(key: str):
+    return lambda c: _int(c.item.get(key, 0))
+
+
+def _item_mib(key: str):
+    return lambda c: f"{_int(c.item.get(key, 0))} MiB"
+
+
+def _item_free_mib(total: str, used: str):
+    return lambda c: f"{max(_int(c.item.get(total, 0)) - _int(c.item.get(used, 0)), 0)} MiB"
+
+
+def _gpu_mem_used(c: _QCtx) -> int:
+    if c.v.mig_enabled:
+        return sum(_int(m.get("memory_used_mib", 0)) for m in c.v.migs)
+    return _int(c.v.get("memory_used_mib", 0))
+
+
+def _gpu_mem_free(c: _QCtx) -> str:
+    total, reserved = _int(c.v.get("memory_total_mib", 0)), _int(c.v.get("memory_reserved_mib", 0))
+    return f"{max(total - reserved - _gpu_mem_used(c), 0)} MiB"
+
+
+def _bar1_free(c: _QCtx) -> str:
+    return f"{max(_int(c.v.get('bar1_total_mib', 0)) - _int(c.v.get('bar1_used_mib', 0)), 0)} MiB"
+
+
+def _board_id(c: _QCtx) -> str:
+    _, _, bus_no, dev_no = c.bus()
+    return f"0x{(int(bus_no or '0', 16) << 8) | int(dev_no or '0', 16):x}"
+
+
+def _tlimit(reading):
+    """Driver 580 reports temperatures relative to the max operating one ("T.Limit")."""
+    def get(c: _QCtx) -> str:
+        limit, t = c.g.get("temperature_max_operating"), reading(c)
+        return "N/A" if limit is None or t is None else f"{_int(limit) - _int(t)} C"
+    return get
+
+
+def _power(key: str, fallback: str | None = None, default=None):
+    """``_watts`` of the GPU's ``key`` (else ``fallback``'s value, else ``default``) + " W"."""
+    def get(c: _QCtx) -> str:
+        dflt = c.v.get(fallback) if fallback else default
+        return _watts(c.v.get(key, dflt))[0] + " W"
+    return get
+
+
+def _clock(group: str, key: str):
+    return lambda c: _na((c.v.get(group) or {}).get(key), "MHz")
+
+
+def _fabric(key: str):
+    return lambda c: (c.v.get("fabric") or {}).get(key, "N/A")
+
+
+def _q_processes(c: _QCtx) -> list:
+    gis = {m.get("gi_id") for m in c.v.migs}
+    return [p for p in (c.g.get("processes") or [])
+            if not c.v.mig_enabled or p.get("gi_id") is None or p.get("gi_id") in gis]
+
+
+def _mig_enabled(c: _QCtx) -> bool:
+    return c.v.mig_enabled
+
+
+def _fixed(depth: int, labels: tuple, value) -> tuple:
+    """Rows that all print the same ``value``."""
+    return tuple((depth, label, value) for label in labels)
+
+
+_Q_MIG_DEVICE = (
+    (2, "MIG Device", None),
+    (3, "Index", lambda c: c.n),
+    (3, "GPU Instance ID", _item_int("gi_id")),
+    (3, "Compute Instance ID", _item_int("ci_id")),
+    (3, "Device Attributes", None),
+    (4, "Shared", None),
+    (5, "Multiprocessor count", _item_int("sm")),
+    (5, "Copy Engine count", _item_int("ce")),
+    (5, "Encoder count", _item_int("enc")),
+    (5, "Decoder count", _item_int("dec")),
+    (5, "OFA count", _item_int("ofa")),
+    (5, "JPG count", _item_int("jpg")),
+    (3, "ECC Errors", None),
+    (4, "Volatile", None),
+    (5, "SRAM Uncorrectable", 0),
+    (3, "FB Memory Usage", None),
+    (4, "Total", _item_mib("memory_total_mib")),
+    (4, "Reserved", "0 MiB"),
+    (4, "Used", _item_mib("memory_used_mib")),
+    (4, "Free", _item_free_mib("memory_total_mib", "memory_used_mib")),
+    (3, "BAR1 Memory Usage", None),
+    (4, "Total", _item_mib("bar1_total_mib")),
+    (4, "Used", _item_mib("bar1_used_mib")),
+    (4, "Free", _item_free_mib("bar1_total_mib", "bar1_used_mib")),
+)
+
+_Q_PROCESS = (
+    (2, "GPU instance ID", lambda c: _na(c.item.get("gi_id"))),
+    (2, "Compute instance ID", lambda c: _na(c.item.get("ci_id"))),
+    (2, "Process ID", _item_int("pid")),
+    (2, "Type", lambda c: c.item.get("type", "C")),
+    (2, "Name", lambda c: c.item.get("name", "")),
+    (2, "Used GPU Memory", _item_mib("used_memory_mib")),
+)
+
+_CLOCK_NAMES = (("graphics", "Graphics"), ("sm", "SM"), ("memory", "Memory"), ("video", "Video"))
+_ENCODER_STATS = ((2, "Active Sessions", 0), (2, "Average FPS", 0), (2, "Average Latency", 0))
+_ECC_COUNTERS = ("SRAM Correctable", "SRAM Uncorrectable Parity", "SRAM Uncorrectable SEC-DED",
+                 "DRAM Correctable", "DRAM Uncorrectable")
+
+#: ``nvidia-smi -q`` for one GPU, after its ``GPU <bus id>`` line.
+_Q_REPORT = (
+    _Section(None),
+    (1, "Product Name", lambda c: c.g["name"]),
+    (1, "Product Brand", _gv("brand", "NVIDIA")),
+    (1, "Product Architecture", _gv("architecture")),
+    (1, "Display Mode", "Requested functionality has been deprecated"),
+    (1, "Display Attached", "No"),
+    (1, "Display Active", lambda c: _enabled(c.v.get("display_active", False))),
+    (1, "Persistence Mode", lambda c: _enabled(c.v.get("persistence_mode", True))),
+    (1, "Addressing Mode", "None"),
+    (1, "MIG Mode", None),
+    (2, "Current", lambda c: c.g.get("mig_mode") or "N/A"),
+    (2, "Pending", lambda c: c.g.get("mig_mode_pending") or c.g.get("mig_mode") or "N/A"),
+    _If(_mig_enabled, (
+        (1, "MIG Devices", None),
+        _Each(lambda c: c.v.migs, _Q_MIG_DEVICE),
+    )),
+    (1, "Accounting Mode", "Disabled"),
+    (1, "Accounting Mode Buffer Size", 4000),
+    (1, "Driver Model", None),
+    (2, "Current", "N/A"),
+    (2, "Pending", "N/A"),
+    (1, "Serial Number", _gv("serial")),
+    (1, "GPU UUID", lambda c: c.g["uuid"]),
+    (1, "GPU PDI", lambda c: c.v.get("pdi", "0x" + c.g["uuid"][4:12].lower().rjust(16, "0"))),
+    (1, "Minor Number", lambda c: c.v.get("minor_number", c.v.index)),
+    (1, "VBIOS Version", _gv("vbios_version")),
+    (1, "MultiGPU Board", "No"),
+    (1, "Board ID", _board_id),
+    (1, "Board Part Number", _gv("board_part_number")),
+    (1, "GPU Part Number", _gv("gpu_part_number")),
+    (1, "FRU Part Number", "N/A"),
+    (1, "Platform Info", None),
+    *_fixed(2, ("Chassis Serial Number", "Slot Number", "Tray Index", "Host ID", "Peer Type"), "N/A"),
+    (2, "Module Id", lambda c: _na(c.g.get("module_id"))),
+    (2, "GPU Fabric GUID", "N/A"),
+    (1, "Inforom Version", None),
+    (2, "Image Version", _gv("inforom_image")),
+    (2, "OEM Object", "2.1"),
+    (2, "ECC Object", "7.16"),
+    (2, "Power Management Object", "N/A"),
+    (1, "Inforom BBX Object Flush", None),
+    (2, "Latest Timestamp", "N/A"),
+    (2, "Latest Duration", "N/A"),
+    (1, "GPU Operation Mode", None),
+    (2, "Current", "N/A"),
+    (2, "Pending", "N/A"),
+    (1, "GPU C2C Mode", "Disabled"),
+    (1, "GPU Virtualization Mode", None),
+    (2, "Virtualization Mode", "None"),
+    (2, "Host VGPU Mode", "N/A"),
+    (2, "vGPU Heterogeneous Mode", "N/A"),
+    (1, "GPU Recovery Action", "None"),
+    (1, "GSP Firmware Version", lambda c: c.state.get("driver_version", "N/A")),
+    (1, "IBMNPU", None),
+    (2, "Relaxed Ordering Mode", "N/A"),
+    (1, "PCI", None),
+    (2, "Bus", lambda c: f"0x{c.bus()[2].upper()}"),
+    (2, "Device", lambda c: f"0x{c.bus()[3].upper()}"),
+    (2, "Domain", lambda c: f"0x{c.bus()[1][-4:].upper()}"),
+    (2, "Base Classcode", "0x3"),
+    (2, "Sub Classcode", "0x2"),
+    (2, "Device Id", _gv("pci_device_id")),
+    (2, "Bus Id", lambda c: c.bus()[0]),
+    (2, "Sub System Id", _gv("pci_subsystem_id")),
+    (2, "GPU Link Info", None),
+    (3, "PCIe Generation", None),
+    *_fixed(4, ("Max", "Current", "Device Current", "Device Max"), _gv("pcie_gen")),
+    (4, "Host Max", "N/A"),
+    (3, "Link Width", None),
+    *_fixed(4, ("Max", "Current"), lambda c: f"{c.v.get('pcie_width')}x" if c.v.get("pcie_width") else "N/A"),
+    (2, "Bridge Chip", None),
+    (3, "Type", "N/A"),
+    (3, "Firmware", "N/A"),
+    (2, "Replays Since Reset", 0),
+    (2, "Replay Number Rollovers", 0),
+    (2, "Tx Throughput", "0 KB/s"),
+    (2, "Rx Throughput", "0 KB/s"),
+    (2, "Atomic Caps Outbound", "N/A"),
+    (2, "Atomic Caps Inbound", "N/A"),
+    (1, "Fan Speed", lambda c: "N/A" if c.g.get("fan_speed") is None else f"{_int(c.g['fan_speed'])} %"),
+
+    _Section("PERFORMANCE"),
+    (1, "Performance State", _gv("pstate", "P0")),
+    (1, "Clocks Event Reasons", None),
+    (2, "Idle", lambda c: "Not Active" if _int(c.v.get("utilization_gpu", 0)) > 0 else "Active"),
+    *_fixed(2, ("Applications Clocks Setting", "SW Power Cap", "HW Slowdown"), "Not Active"),
+    *_fixed(3, ("HW Thermal Slowdown", "HW Power Brake Slowdown"), "Not Active"),
+    *_fixed(2, ("Sync Boost", "SW Thermal Slowdown", "Display Clock Setting"), "Not Active"),
+    (1, "Clocks Event Reasons Counters", None),
+    *_fixed(2, ("SW Power Capping", "Sync Boost", "SW Thermal Slowdown", "HW Thermal Slowdown",
+                "HW Power Braking"), "0 us"),
+    _Section(None),
+    (1, "Sparse Operation Mode", "Disabled"),
+
+    _Section("MEMORY"),
+    (1, "FB Memory Usage", None),
+    (2, "Total", lambda c: f"{_int(c.v.get('memory_total_mib', 0))} MiB"),
+    (2, "Reserved", lambda c: f"{_int(c.v.get('memory_reserved_mib', 0))} MiB"),
+    (2, "Used", lambda c: f"{_gpu_mem_used(c)} MiB"),
+    (2, "Free", _gpu_mem_free),
+    (1, "BAR1 Memory Usage", None),
+    (2, "Total", lambda c: f"{_int(c.v.get('bar1_total_mib', 0))} MiB"),
+    (2, "Used", lambda c: f"{_int(c.v.get('bar1_used_mib', 0))} MiB"),
+    (2, "Free", _bar1_free),
+    (1, "Conf Compute Protected Memory Usage", None),
+    *_fixed(2, ("Total", "Used", "Free"), "0 MiB"),
+
+    _Section("COMPUTE"),
+    (1, "Compute Mode", _gv("compute_mode", "Default")),
+
+    _Section("UTILIZATION"),
+    (1, "Utilization", None),
+    _If(_mig_enabled, _fixed(2, ("GPU", "Memory", "Encoder", "Decoder", "JPEG", "OFA"), "N/A"), (
+        (2, "GPU", lambda c: f"{_int(c.v.get('utilization_gpu', 0))} %"),
+        (2, "Memory", lambda c: f"{_int(c.v.get('utilization_memory', 0))} %"),
+        *_fixed(2, ("Encoder", "Decoder", "JPEG", "OFA"), "0 %"),
+    )),
+    (1, "Encoder Stats", None),
+    *_ENCODER_STATS,
+    (1, "FBC Stats", None),
+    *_ENCODER_STATS,
+    _Section(None),
+    (1, "DRAM Encryption Mode", None),
+    (2, "Current", "N/A"),
+    (2, "Pending", "N/A"),
+
+    _Section("ECC"),
+    (1, "ECC Mode", None),
+    *_fixed(2, ("Current", "Pending"), lambda c: _enabled(c.v.get("ecc_enabled", True))),
+    (1, "ECC Errors", None),
+    (2, "Volatile", None),
+    *_fixed(3, _ECC_COUNTERS, 0),
+    (2, "Aggregate", None),
+    *_fixed(3, _ECC_COUNTERS, 0),
+    (3, "SRAM Threshold Exceeded", "No"),
+    (2, "Aggregate Uncorrectable SRAM Sources", None),
+    *_fixed(3, ("SRAM L2", "SRAM SM", "SRAM Microcontroller", "SRAM PCIE", "SRAM Other"), 0),
+    *_fixed(2, ("Channel Repair Pending", "TPC Repair Pending", "Unrepairable Memory"), "No"),
+
+    _Section("PAGE_RETIREMENT"),
+    (1, "Retired Pages", None),
+    *_fixed(2, ("Single Bit ECC", "Double Bit ECC", "Pending Page Blacklist"), "N/A"),
+    (1, "Remapped Rows", None),
+    *_fixed(2, ("Correctable Error", "Inactive Correctable Error", "Uncorrectable Error",
+                "Inactive Uncorrectable Error"), 0),
+    (2, "Pending", "No"),
+    (2, "Remapping Failure Occurred", "No"),
+    (2, "Bank Remap Availability Histogram", None),
+    (3, "Max", "3072 bank(s)"),
+    *_fixed(3, ("High", "Partial", "Low", "None"), "0 bank(s)"),
+
+    _Section("TEMPERATURE"),
+    (1, "Temperature", None),
+    (2, "GPU Current Temp", lambda c: f"{_int(c.v.get('temperature_gpu', 0))} C"),
+    # Headroom now, and where shutdown/slowdown sit below the max operating temperature.
+    (2, "GPU T.Limit Temp", _tlimit(lambda c: _int(c.v.get("temperature_gpu", 0)))),
+    (2, "GPU Shutdown T.Limit Temp", _tlimit(lambda c: c.g.get("temperature_shutdown"))),
+    (2, "GPU Slowdown T.Limit Temp", _tlimit(lambda c: c.g.get("temperature_slowdown"))),
+    (2, "GPU Max Operating T.Limit Temp", _tlimit(lambda c: c.g.get("temperature_max_operating"))),
+    (2, "GPU Target Temperature", "N/A"),
+    (2, "Memory Current Temp", lambda c: _na(c.g.get("temperature_memory"), "C")),
+    (2, "Memory Max Operating T.Limit Temp", lambda c: "N/A" if c.g.get("temperature_memory") is None else "0 C"),
+
+    _Section("POWER"),
+    (1, "GPU Power Readings", None),
+    *_fixed(2, ("Average Power Draw", "Instantaneous Power Draw"),
+            lambda c: f"{float(c.v.get('power_draw_w', 0)):.2f} W"),
+    *_fixed(2, ("Current Power Limit", "Requested Power Limit"), _power("power_limit_w")),
+    (2, "Default Power Limit", _power("power_default_limit_w", fallback="power_limit_w")),
+    (2, "Min Power Limit", _power("power_min_limit_w", default=0)),
+    (2, "Max Power Limit", _power("power_max_limit_w", fallback="power_limit_w")),
+    (1, "GPU Memory Power Readings ", None),  # sic: the real tool prints a trailing blank
+    *_fixed(2, ("Average Power Draw", "Instantaneous Power Draw"), "N/A"),
+    (1, "Module Power Readings", None),
+    *_fixed(2, ("Average Power Draw", "Instantaneous Power Draw", "Current Power Limit", "Requested Power Limit",
+                "Default Power Limit", "Min Power Limit", "Max Power Limit"), "N/A"),
+    (1, "Power Smoothing", "N/A"),
+    (1, "Workload Power Profiles", None),
+    (2, "Requested Profiles", "N/A"),
+    (2, "Enforced Profiles", "N/A"),
+
+    _Section("CLOCK"),
+    (1, "Clocks", None),
+    *((2, name, _clock("clocks", key)) for key, name in _CLOCK_NAMES),
+    *(row for title in ("Applications Clocks", "Default Applications Clocks") for row in (
+        (1, title, None),
+        (2, "Graphics", _clock("max_clocks", "graphics")),
+        (2, "Memory", _clock("max_clocks", "memory")),
+    )),
+    (1, "Deferred Clocks", None),
+    (2, "Memory", "N/A"),
+    (1, "Max Clocks", None),
+    *((2, name, _clock("max_clocks", key)) for key, name in _CLOCK_NAMES),
+    (1, "Max Customer Boost Clocks", None),
+    (2, "Graphics", _clock("max_clocks", "graphics")),
+    (1, "Clock Policy", None),
+    (2, "Auto Boost", "N/A"),
+    (2, "Auto Boost Default", "N/A"),
+
+    _Section(None),
+    (1, "Fabric", None),
+    (2, "State", _fabric("state")),
+    (2, "Status", _fabric("status")),
+    (2, "CliqueId", _fabric("clique_id")),
+    (2, "ClusterUUID", _fabric("cluster_uuid")),
+    (2, "Health", None),
+    *_fixed(3, ("Summary", "Bandwidth", "Route Recovery in progress", "Route Unhealthy",
+                "Access Timeout Recovery", "Incorrect Configuration", "Partition Assigned"), "N/A"),
+
+    _Section("PIDS"),
+    _If(_q_processes, (
+        (1, "Processes", None),
+        _Each(_q_processes, _Q_PROCESS),
+    ), (
+        (1, "Processes", "None"),
+    )),
+    _Section(None),
+    (1, "Capabilities", None),
+    (2, "EGM", "disabled"),
+)
+
+
 def _q_gpu(q: _Q, state: dict, v: _View) -> None:
-    g = v.gpu
-    mig_mode = g.get("mig_mode")
     q.lines.append(f"GPU {v.get('bus_id', '00000000:00:00.0')}")
-    q.section(None)
-    q.kv(1, "Product Name", g["name"])
-    q.kv(1, "Product Brand", v.get("brand", "NVIDIA"))
-    q.kv(1, "Product Architecture", v.get("architecture", "N/A"))
-    q.kv(1, "Display Mode", "Requested functionality has been deprecated")
-    q.kv(1, "Display Attached", "No")
-    q.kv(1, "Display Active", _enabled(v.get("display_active", False)))
-    q.kv(1, "Persistence Mode", _enabled(v.get("persistence_mode", True)))
-    q.kv(1, "Addressing Mode", "None")
-    q.head(1, "MIG Mode")
-    q.kv(2, "Current", mig_mode or "N/A")
-    q.kv(2, "Pending", g.get("mig_mode_pending") or mig_mode or "N/A")
-    if mig_mode == "Enabled":
-        q.head(1, "MIG Devices")
-        for dev_index, m in enumerate(v.migs):
-            q.head(2, "MIG Device")
-            q.kv(3, "Index", dev_index)
-            q.kv(3, "GPU Instance ID", _int(m.get("gi_id", 0)))
-            q.kv(3, "Compute Instance ID", _int(m.get("ci_id", 0)))
-            q.head(3, "Device Attributes")
-            q.head(4, "Shared")
-            q.kv(5, "Multiprocessor count", _int(m.get("sm", 0)))
-            q.kv(5, "Copy Engine count", _int(m.get("ce", 0)))
-            q.kv(5, "Encoder count", _int(m.get("enc", 0)))
-            q.kv(5, "Decoder count", _int(m.get("dec", 0)))
-            q.kv(5, "OFA count", _int(m.get("ofa", 0)))
-            q.kv(5, "JPG count", _int(m.get("jpg", 0)))
-            q.head(3, "ECC Errors")
-            q.head(4, "Volatile")
-            q.kv(5, "SRAM Uncorrectable", 0)
-            used, total = _int(m.get("memory_used_mib", 0)), _int(m.get("memory_total_mib", 0))
-            q.head(3, "FB Memory Usage")
-            q.kv(4, "Total", f"{total} MiB")
-            q.kv(4, "Reserved", "0 MiB")
-            q.kv(4, "Used", f"{used} MiB")
-            q.kv(4, "Free", f"{max(total - used, 0)} MiB")
-            bused, btotal = _int(m.get("bar1_used_mib", 0)), _int(m.get("bar1_total_mib", 0))
-            q.head(3, "BAR1 Memory Usage")
-            q.kv(4, "Total", f"{btotal} MiB")
-            q.kv(4, "Used", f"{bused} MiB")
-            q.kv(4, "Free", f"{max(btotal - bused, 0)} MiB")
-    q.kv(1, "Accounting Mode", "Disabled")
-    q.kv(1, "Accounting Mode Buffer Size", 4000)
-    q.head(1, "Driver Model")
-    q.kv(2, "Current", "N/A")
-    q.kv(2, "Pending", "N/A")
-    q.kv(1, "Serial Number", v.get("serial", "N/A"))
-    q.kv(1, "GPU UUID", g["uuid"])
-    q.kv(1, "GPU PDI", v.get("pdi", "0x" + g["uuid"][4:12].lower().rjust(16, "0")))
-    q.kv(1, "Minor Number", v.get("minor_number", v.index))
-    q.kv(1, "VBIOS Version", v.get("vbios_version", "N/A"))
-    q.kv(1, "MultiGPU Board", "No")
-    bus = str(v.get("bus_id", "00000000:00:00.0"))
-    domain, _, rest = bus.partition(":")
-    bus_no, _, dev = rest.partition(":")
-    dev_no = dev.split(".")[0]
-    q.kv(1, "Board ID", f"0x{(int(bus_no or '0', 16) << 8) | int(dev_no or '0', 16):x}")
-    q.kv(1, "Board Part Number", v.get("board_part_number", "N/A"))
-    q.kv(1, "GPU Part Number", v.get("gpu_part_number", "N/A"))
-    q.kv(1, "FRU Part Number", "N/A")
-    q.head(1, "Platform Info")
-    for key in ("Chassis Serial Number", "Slot Number", "Tray Index", "Host ID", "Peer Type"):
-        q.kv(2, key, "N/A")
-    q.kv(2, "Module Id", _na(g.get("module_id")))
-    q.kv(2, "GPU Fabric GUID", "N/A")
-    q.head(1, "Inforom Version")
-    q.kv(2, "Image Version", v.get("inforom_image", "N/A"))
-    q.kv(2, "OEM Object", "2.1")
-    q.kv(2, "ECC Object", "7.16")
-    q.kv(2, "Power Management Object", "N/A")
-    q.head(1, "Inforom BBX Object Flush")
-    q.kv(2, "Latest Timestamp", "N/A")
-    q.kv(2, "Latest Duration", "N/A")
-    q.head(1, "GPU Operation Mode")
-    q.kv(2, "Current", "N/A")
-    q.kv(2, "Pending", "N/A")
-    q.kv(1, "GPU C2C Mode", "Disabled")
-    q.head(1, "GPU Virtualization Mode")
-    q.kv(2, "Virtualization Mode", "None")
-    q.kv(2, "Host VGPU Mode", "N/A")
-    q.kv(2, "vGPU Heterogeneous Mode", "N/A")
-    q.kv(1, "GPU Recovery Action", "None")
-    q.kv(1, "GSP Firmware Version", state.get("driver_version", "N/A"))
-    q.head(1, "IBMNPU")
-    q.kv(2, "Relaxed Ordering Mode", "N/A")
-
-    q.head(1, "PCI")
-    q.kv(2, "Bus", f"0x{bus_no.upper()}")
-    q.kv(2, "Device", f"0x{dev_no.upper()}")
-    q.kv(2, "Domain", f"0x{domain[-4:].upper()}")
-    q.kv(2, "Base Classcode", "0x3")
-    q.kv(2, "Sub Classcode", "0x2")
-    q.kv(2, "Device Id", v.get("pci_device_id", "N/A"))
-    q.kv(2, "Bus Id", bus)
-    q.kv(2, "Sub System Id", v.get("pci_subsystem_id", "N/A"))
-    q.head(2, "GPU Link Info")
-    q.head(3, "PCIe Generation")
-    gen = v.get("pcie_gen", "N/A")
-    for key in ("Max", "Current", "Device Current", "Device Max"):
-        q.kv(4, key, gen)
-    q.kv(4, "Host Max", "N/A")
-    q.head(3, "Link Width")
-    width = v.get("pcie_width")
-    q.kv(4, "Max", f"{width}x" if width else "N/A")
-    q.kv(4, "Current", f"{width}x" if width else "N/A")
-    q.head(2, "Bridge Chip")
-    q.kv(3, "Type", "N/A")
-    q.kv(3, "Firmware", "N/A")
-    q.kv(2, "Replays Since Reset", 0)
-    q.kv(2, "Replay Number Rollovers", 0)
-    q.kv(2, "Tx Throughput", "0 KB/s")
-    q.kv(2, "Rx Throughput", "0 KB/s")
-    q.kv(2, "Atomic Caps Outbound", "N/A")
-    q.kv(2, "Atomic Caps Inbound", "N/A")
-    q.kv(1, "Fan Speed", "N/A" if g.get("fan_speed") is None else f"{_int(g['fan_speed'])} %")
-
-    q.section("PERFORMANCE")
-    q.kv(1, "Performance State", v.get("pstate", "P0"))
-    q.head(1, "Clocks Event Reasons")
-    busy = _int(v.get("utilization_gpu", 0)) > 0
-    q.kv(2, "Idle", "Not Active" if busy else "Active")
-    for key in ("Applications Clocks Setting", "SW Power Cap", "HW Slowdown"):
-        q.kv(2, key, "Not Active")
-    q.kv(3, "HW Thermal Slowdown", "Not Active")
-    q.kv(3, "HW Power Brake Slowdown", "Not Active")
-    for key in ("Sync Boost", "SW Thermal Slowdown", "Display Clock Setting"):
-        q.kv(2, key, "Not Active")
-    q.head(1, "Clocks Event Reasons Counters")
-    for key in ("SW Power Capping", "Sync Boost", "SW Thermal Slowdown", "HW Thermal Slowdown", "HW Power Braking"):
-        q.kv(2, key, "0 us")
-    q.section(None)
-    q.kv(1, "Sparse Operation Mode", "Disabled")
-
-    q.section("MEMORY")
-    total = _int(v.get("memory_total_mib", 0))
-    reserved = _int(v.get("memory_reserved_mib", 0))
-    used = sum(_int(m.get("memory_used_mib", 0)) for m in v.migs) if v.mig_enabled \
-        else _int(v.get("memory_used_mib", 0))
-    q.head(1, "FB Memory Usage")
-    q.kv(2, "Total", f"{total} MiB")
-    q.kv(2, "Reserved", f"{reserved} MiB")
-    q.kv(2, "Used", f"{used} MiB")
-    q.kv(2, "Free", f"{max(total - reserved - used, 0)} MiB")
-    btotal, bused = _int(v.get("bar1_total_mib", 0)), _int(v.get("bar1_used_mib", 0))
-    q.head(1, "BAR1 Memory Usage")
-    q.kv(2, "Total", f"{btotal} MiB")
-    q.kv(2, "Used", f"{bused} MiB")
-    q.kv(2, "Free", f"{max(btotal - bused, 0)} MiB")
-    q.head(1, "Conf Compute Protected Memory Usage")
-    for key in ("Total", "Used", "Free"):
-        q.kv(2, key, "0 MiB")
-
-    q.section("COMPUTE")
-    q.kv(1, "Compute Mode", v.get("compute_mode", "Default"))
-
-    q.section("UTILIZATION")
-    q.head(1, "Utilization")
-    if v.mig_enabled:
-        for key in ("GPU", "Memory", "Encoder", "Decoder", "JPEG", "OFA"):
-            q.kv(2, key, "N/A")
-    else:
-        q.kv(2, "GPU", f"{_int(v.get('utilization_gpu', 0))} %")
-        q.kv(2, "Memory", f"{_int(v.get('utilization_memory', 0))} %")
-        for key in ("Encoder", "Decoder", "JPEG", "OFA"):
-            q.kv(2, key, "0 %")
-    for title in ("Encoder Stats", "FBC Stats"):
-        q.head(1, title)
-        q.kv(2, "Active Sessions", 0)
-        q.kv(2, "Average FPS", 0)
-        q.kv(2, "Average Latency", 0)
-    q.section(None)
-    q.head(1, "DRAM Encryption Mode")
-    q.kv(2, "Current", "N/A")
-    q.kv(2, "Pending", "N/A")
-
-    q.section("ECC")
-    ecc = _enabled(v.get("ecc_enabled", True))
-    q.head(1, "ECC Mode")
-    q.kv(2, "Current", ecc)
-    q.kv(2, "Pending", ecc)
-    q.head(1, "ECC Errors")
-    for title in ("Volatile", "Aggregate"):
-        q.head(2, title)
-        for key in ("SRAM Correctable", "SRAM Uncorrectable Parity", "SRAM Uncorrectable SEC-DED",
-                    "DRAM Correctable", "DRAM Uncorrectable"):
-            q.kv(3, key, 0)
-    q.kv(3, "SRAM Threshold Exceeded", "No")
-    q.head(2, "Aggregate Uncorrectable SRAM Sources")
-    for key in ("SRAM L2", "SRAM SM", "SRAM Microcontroller", "SRAM PCIE", "SRAM Other"):
-        q.kv(3, key, 0)
-    q.kv(2, "Channel Repair Pending", "No")
-    q.kv(2, "TPC Repair Pending", "No")
-    q.kv(2, "Unrepairable Memory", "No")
-    q.section("PAGE_RETIREMENT")
-    q.head(1, "Retired Pages")
-    for key in ("Single Bit ECC", "Double Bit ECC", "Pending Page Blacklist"):
-        q.kv(2, key, "N/A")
-    q.head(1, "Remapped Rows")
-    for key in ("Correctable Error", "Inactive Correctable Error", "Uncorrectable Error",
-                "Inactive Uncorrectable Error"):
-        q.kv(2, key, 0)
-    q.kv(2, "Pending", "No")
-    q.kv(2, "Remapping Failure Occurred", "No")
-    q.head(2, "Bank Remap Availability Histogram")
-    q.kv(3, "Max", "3072 bank(s)")
-    for key in ("High", "Partial", "Low", "None"):
-        q.kv(3, key, "0 bank(s)")
-
-    q.section("TEMPERATURE")
-    q.head(1, "Temperature")
-    q.kv(2, "GPU Current Temp", f"{_int(v.get('temperature_gpu', 0))} C")
-    # Driver 580 reports thresholds relative to the max operating temperature
-    # ("T.Limit"): headroom now, and where slowdown/shutdown sit below it.
-    limit = g.get("temperature_max_operating")
-    cur = _int(v.get("temperature_gpu", 0))
-    rel = (lambda t: "N/A" if limit is None or t is None else f"{_int(limit) - _int(t)} C")
-    q.kv(2, "GPU T.Limit Temp", rel(cur))
-    q.kv(2, "GPU Shutdown T.Limit Temp", rel(g.get("temperature_shutdown")))
-    q.kv(2, "GPU Slowdown T.Limit Temp", rel(g.get("temperature_slowdown")))
-    q.kv(2, "GPU Max Operating T.Limit Temp", rel(limit))
-    q.kv(2, "GPU Target Temperature", "N/A")
-    q.kv(2, "Memory Current Temp", _na(g.get("temperature_memory"), "C"))
-    q.kv(2, "Memory Max Operating T.Limit Temp", "N/A" if g.get("temperature_memory") is None else "0 C")
-
-    q.section("POWER")
-    draw = v.get("power_draw_w", 0)
-    q.head(1, "GPU Power Readings")
-    q.kv(2, "Average Power Draw", f"{float(draw):.2f} W")
-    q.kv(2, "Instantaneous Power Draw", f"{float(draw):.2f} W")
-    q.kv(2, "Current Power Limit", _watts(v.get("power_limit_w"))[0] + " W")
-    q.kv(2, "Requested Power Limit", _watts(v.get("power_limit_w"))[0] + " W")
-    q.kv(2, "Default Power Limit", _watts(v.get("power_default_limit_w", v.get("power_limit_w")))[0] + " W")
-    q.kv(2, "Min Power Limit", _watts(v.get("power_min_limit_w", 0))[0] + " W")
-    q.kv(2, "Max Power Limit", _watts(v.get("power_max_limit_w", v.get("power_limit_w")))[0] + " W")
-    q.head(1, "GPU Memory Power Readings ")  # sic: the real tool prints a trailing blank
-    q.kv(2, "Average Power Draw", "N/A")
-    q.kv(2, "Instantaneous Power Draw", "N/A")
-    q.head(1, "Module Power Readings")
-    for key in ("Average Power Draw", "Instantaneous Power Draw", "Current Power Limit", "Requested Power Limit",
-                "Default Power Limit", "Min Power Limit", "Max Power Limit"):
-        q.kv(2, key, "N/A")
-    q.kv(1, "Power Smoothing", "N/A")
-    q.head(1, "Workload Power Profiles")
-    q.kv(2, "Requested Profiles", "N/A")
-    q.kv(2, "Enforced Profiles", "N/A")
-
-    q.section("CLOCK")
-    clocks = v.get("clocks") or {}
-    maxc = v.get("max_clocks") or {}
-    q.head(1, "Clocks")
-    for key, name in (("graphics", "Graphics"), ("sm", "SM"), ("memory", "Memory"), ("video", "Video")):
-        q.kv(2, name, _na(clocks.get(key), "MHz"))
-    for title in ("Applications Clocks", "Default Applications Clocks"):
-        q.head(1, title)
-        q.kv(2, "Graphics", _na(maxc.get("graphics"), "MHz"))
-        q.kv(2, "Memory", _na(maxc.get("memory"), "MHz"))
-    q.head(1, "Deferred Clocks")
-    q.kv(2, "Memory", "N/A")
-    q.head(1, "Max Clocks")
-    for key, name in (("graphics", "Graphics"), ("sm", "SM"), ("memory", "Memory"), ("video", "Video")):
-        q.kv(2, name, _na(maxc.get(key), "MHz"))
-    q.head(1, "Max Customer Boost Clocks")
-    q.kv(2, "Graphics", _na(maxc.get("graphics"), "MHz"))
-    q.head(1, "Clock Policy")
-    q.kv(2, "Auto Boost", "N/A")
-    q.kv(2, "Auto Boost Default", "N/A")
-
-    q.section(None)
-    fabric = v.get("fabric") or {}
-    q.head(1, "Fabric")
-    q.kv(2, "State", fabric.get("state", "N/A"))
-    q.kv(2, "Status", fabric.get("status", "N/A"))
-    q.kv(2, "CliqueId", fabric.get("clique_id", "N/A"))
-    q.kv(2, "ClusterUUID", fabric.get("cluster_uuid", "N/A"))
-    q.head(2, "Health")
-    for key in ("Summary", "Bandwidth", "Route Recovery in progress", "Route Unhealthy",
-                "Access Timeout Recovery", "Incorrect Configuration", "Partition Assigned"):
-        q.kv(3, key, "N/A")
-
-    q.section("PIDS")
-    procs = [p for p in (g.get("processes") or [])
-             if not v.mig_enabled or p.get("gi_id") is None or p.get("gi_id") in {m.get("gi_id") for m in v.migs}]
-    if not procs:
-        q.kv(1, "Processes", "None")
-    else:
-        q.head(1, "Processes")
-        for p in procs:
-            q.kv(2, "GPU instance ID", _na(p.get("gi_id")))
-            q.kv(2, "Compute instance ID", _na(p.get("ci_id")))
-            q.kv(2, "Process ID", _int(p.get("pid", 0)))
-            q.kv(2, "Type", p.get("type", "C"))
-            q.kv(2, "Name", p.get("name", ""))
-            q.kv(2, "Used GPU Memory", f"{_int(p.get('used_memory_mib', 0))} MiB")
-    q.section(None)
-    q.head(1, "Capabilities")
-    q.kv(2, "EGM", "disabled")
+    _q_rows(q, _Q_REPORT, _QCtx(state, v))
 
 
 _DISPLAY_SECTIONS = {
@@ -1061,6 +1212,68 @@ def render_lgip(views: list[_View]) -> str:
 
 
 # --------------------------------------------------------------------------
+# topo -m
+
+_TOPO_LEGEND = """
+Legend:
+
+  X    = Self
+  SYS  = Connection traversing PCIe as well as the SMP interconnect between NUMA nodes (e.g., QPI/UPI)
+  NODE = Connection traversing PCIe as well as the interconnect between PCIe Host Bridges within a NUMA node
+  PHB  = Connection traversing PCIe as well as a PCIe Host Bridge (typically the CPU)
+  PXB  = Connection traversing multiple PCIe bridges (without traversing the PCIe Host Bridge)
+  PIX  = Connection traversing at most a single PCIe bridge
+  NV#  = Connection traversing a bonded set of # NVLinks
+"""
+
+# NVLinks per GPU of an SXM board (HGX: every pair of GPUs reaches each
+# other over all of them, through the NVSwitches).
+_NVLINKS = {"Hopper": 18, "Ampere": 12}
+
+
+def _cpu_list(cpus) -> str:
+    """``0-15,32-47``: CPU numbers as ranges, the way nvidia-smi prints them."""
+    cpus = sorted(set(cpus))
+    parts, i = [], 0
+    while i < len(cpus):
+        j = i
+        while j + 1 < len(cpus) and cpus[j + 1] == cpus[j] + 1:
+            j += 1
+        parts.append(str(cpus[i]) if i == j else f"{cpus[i]}-{cpus[j]}")
+        i = j + 1
+    return ",".join(parts)
+
+
+def _host_cpus() -> str:
+    # A simulated node is one NUMA node: each GPU is close to all its CPUs.
+    return _cpu_list(range(os.cpu_count() or 1))
+
+
+def _topo_link(a: _View, b: _View) -> str:
+    """How GPU ``a`` reaches GPU ``b``."""
+    links = a.gpu.get("nvlinks", _NVLINKS.get(a.gpu.get("architecture")) if a.gpu.get("module_id") else None)
+    if links and (b.gpu.get("nvlinks") or b.gpu.get("module_id")):
+        return f"NV{_int(links)}"
+    return "NODE"  # PCIe cards: different host bridges of the one NUMA node (approximation)
+
+
+def render_topo(views: list[_View]) -> str:
+    """``nvidia-smi topo -m``: tab separated, the header underlined (ANSI), then the legend.
+
+    CPU and NUMA affinity come from a GPU's optional ``cpu_affinity`` and
+    ``numa_affinity`` state fields, else all CPUs of this machine and node 0.
+    """
+    cols = [f"GPU{v.index}" for v in views] + ["CPU Affinity", "NUMA Affinity", "GPU NUMA ID"]
+    lines = ["\t\x1b[4m" + "\t".join(cols) + "\x1b[0m"]
+    for v in views:
+        cells = [f"GPU{v.index}"] + [" X " if w is v else _topo_link(v, w) for w in views]
+        # GPU NUMA ID is only set where GPU memory is a NUMA node (Grace Hopper); never here.
+        cells += [str(v.get("cpu_affinity") or _host_cpus()), str(v.get("numa_affinity", 0)), "", "N/A"]
+        lines.append("\t".join(cells))
+    return "\n".join(lines) + "\n" + _TOPO_LEGEND
+
+
+# --------------------------------------------------------------------------
 # CLI
 
 HELP = """NVIDIA System Management Interface -- v{version}
@@ -1078,8 +1291,9 @@ nvidia-smi would. Supported options:
     -i,   --id=                     only this GPU (index, UUID or PCI bus id)
     -l,   --loop=SEC                repeat every SEC seconds (Ctrl+C stops)
           --query-gpu=FIELDS        comma list, e.g. name,memory.total,utilization.gpu
-          --format=csv[,noheader][,nounits]
+          --format=csv[,noheader][,nounits]   (csv when left out)
     mig -lgip                       GPU instance profiles
+    topo -m                         GPU interconnect matrix and CPU/NUMA affinity
 """
 
 
@@ -1117,6 +1331,11 @@ def _parse_args(argv: list[str]) -> _Args:
             raise UsageError(MSG_INVALID_ARGS)
         return argv[i]
 
+    if argv[:1] == ["topo"]:
+        if argv[1:] in (["-m"], ["--matrix"]):
+            args.mode = "topo"
+            return args
+        raise UsageError(MSG_INVALID_ARGS)
     if argv[:1] == ["mig"]:
         rest = argv[1:]
         if rest in (["-lgip"], ["--list-gpu-instance-profiles"]):
@@ -1162,7 +1381,9 @@ def _parse_args(argv: list[str]) -> _Args:
             raise UsageError(MSG_INVALID_ARGS)
         i += 1
     if args.mode == "query" and not args.fmt:
-        raise UsageError('"--format" option is required with "--query-gpu". Try "--format=csv".')
+        args.fmt = "csv"  # the real 580 prints CSV when --format is left out
+    if args.mode == "list" and args.ids is not None:
+        raise UsageError(MSG_OPTION_NOT_VALID.format(option="-i"))
     if args.fmt and args.mode != "query":
         raise UsageError(MSG_INVALID_ARGS)
     if args.display is not None and args.mode != "q":
@@ -1242,6 +1463,8 @@ def run(argv: list[str], env=None, out=None, err=None) -> int:
                     out.write(MSG_NO_MIG + "\n")
                     return EXIT_NOT_FOUND
                 out.write(render_lgip(mig_views))
+            elif args.mode == "topo":
+                out.write(render_topo(views))
             elif args.mode == "query":
                 header, units = parse_format(args.fmt)
                 out.write(render_query(state, views, args.query_fields or [], header, units))

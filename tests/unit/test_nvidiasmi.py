@@ -242,6 +242,41 @@ def test_query_csv_units_and_header_options(tmp_path):
     assert out.splitlines()[0] == "2, NVIDIA H100 80GB HBM3, [N/A]"
 
 
+def test_query_aliases_print_under_their_current_names(tmp_path):
+    # Driver 580 prints an alias in the header under the name it stands for.
+    state = smistate.build_state("h100-80gb", 1, "n")
+    rc, out, _ = run(state, "--query-gpu=clocks.sm,clocks.current.sm,gpu_name,clocks.max.mem,"
+                     "clocks_throttle_reasons.active,clocks_throttle_reasons.gpu_idle,"
+                     "clocks_throttle_reasons.sw_power_cap", "--format=csv", tmp_path=tmp_path)
+    assert rc == 0
+    assert out.splitlines() == [
+        "clocks.current.sm [MHz], clocks.current.sm [MHz], name, clocks.max.memory [MHz], "
+        "clocks_event_reasons.active, clocks_event_reasons.gpu_idle, clocks_event_reasons.sw_power_cap",
+        "345 MHz, 345 MHz, NVIDIA H100 80GB HBM3, 2619 MHz, 0x0000000000000001, Active, Not Active",
+    ]
+    # A busy GPU is not idle; the current names give the same values.
+    state["gpus"][0]["utilization_gpu"] = 80
+    _, out, _ = run(state, "--query-gpu=clocks_event_reasons.active,clocks_event_reasons.gpu_idle",
+                    "--format=csv,noheader", tmp_path=tmp_path)
+    assert out == "0x0000000000000000, Not Active\n"
+    # temperature.gpu.tlimit is a field of its own (the -q report's "GPU T.Limit Temp"), not an alias.
+    ref = (REF / "nvidia-smi-q.txt").read_text()
+    current = int(re.search(r"GPU Current Temp\s+: (\d+) C", ref)[1])
+    tlimit = re.search(r"GPU T.Limit Temp\s+: (\d+) C", ref)[1]
+    _, out, _ = run(reference_like_state(temperature_gpu=current), "--query-gpu=temperature.gpu,temperature.gpu.tlimit",
+                    "--format=csv", tmp_path=tmp_path)
+    assert out == f"temperature.gpu, temperature.gpu.tlimit\n{current}, {tlimit}\n"
+
+
+def test_query_without_format_prints_csv(tmp_path):
+    state = smistate.build_state("h100-80gb", 2, "n")
+    fields = "--query-gpu=index,name,memory.total,clocks.sm"
+    rc, out, _ = run(state, fields, tmp_path=tmp_path)
+    assert rc == 0
+    assert out == run(state, fields, "--format=csv", tmp_path=tmp_path)[1]
+    assert out.splitlines()[0] == "index, name, memory.total [MiB], clocks.current.sm [MHz]"
+
+
 def test_query_under_mig(tmp_path):
     state = smistate.build_state("a100-80gb", 1, "n", mig_layout="all-1g.10gb")
     _, out, _ = run(state, "--query-gpu=mig.mode.current,memory.used,utilization.gpu", "--format=csv,noheader",
@@ -256,7 +291,6 @@ def test_query_under_mig(tmp_path):
     ("argv", "words"),
     [
         (["--query-gpu=name,bogus", "--format=csv"], 'Field "bogus" is not a valid field to query.'),
-        (["--query-gpu=name"], '"--format" option is required'),
         (["--query-gpu=name", "--format=json"], "is not a valid format"),
         (["--format=csv"], "Invalid combination of input arguments"),
         (["--frobnicate"], "Invalid combination of input arguments"),
@@ -265,6 +299,8 @@ def test_query_under_mig(tmp_path):
         (["-q", "-d", "GPUS"], "Invalid combination of input arguments"),
         (["-l", "0"], "Invalid combination of input arguments"),
         (["mig", "-lci"], "Invalid combination of input arguments"),
+        (["topo"], "Invalid combination of input arguments"),
+        (["topo", "-m", "-i", "0"], "Invalid combination of input arguments"),
     ],
 )
 def test_bad_command_lines_exit_2(tmp_path, argv, words):
@@ -429,12 +465,60 @@ def test_one_mig_device_per_container(tmp_path):
 
 def test_id_filter(tmp_path):
     state = smistate.build_state("a100-80gb", 3, "n")
-    _, out, _ = run(state, "-L", "-i", "2", tmp_path=tmp_path)
-    assert out.startswith("GPU 2:")
-    _, out, _ = run(state, "-L", "--id=00000000:2A:00.0", tmp_path=tmp_path)
-    assert out.startswith("GPU 1:")
+    _, out, _ = run(state, "--query-gpu=index,uuid", "--format=csv,noheader", "-i", "2", tmp_path=tmp_path)
+    assert out == f"2, {gpu_uuid('n', 2)}\n"
+    _, out, _ = run(state, "--query-gpu=index", "--format=csv,noheader", "--id=00000000:2A:00.0", tmp_path=tmp_path)
+    assert out == "1\n"
+    _, out, _ = run(state, "-q", "-i", "2", tmp_path=tmp_path)
+    assert out.count("\nGPU 0000") == 1
+    assert re.search(rf"\n    GPU UUID +: {gpu_uuid('n', 2)}\n", out)
     rc, out, _ = run(state, "-i", "9", tmp_path=tmp_path)
     assert (rc, out) == (6, "No devices were found\n")
+
+
+@pytest.mark.parametrize("id_option", [["-i", "0"], ["--id=0"]])
+def test_list_refuses_an_id_like_the_real_580(tmp_path, id_option):
+    # Real 580: `nvidia-smi -L -i 0` prints this on stdout and exits 2.
+    rc, out, err = run(smistate.build_state("h200-141gb", 2, "n"), "-L", *id_option, tmp_path=tmp_path)
+    assert (rc, out, err) == (2, "ERROR: Option -i is not valid for this command.\n", "")
+
+
+# -- topo -m ----------------------------------------------------------------------------------
+
+
+def test_topo_matrix_is_the_reference(tmp_path):
+    ref = (REF / "topo.txt").read_text()
+    # The capture's machine had 16 CPUs in one NUMA node, so its GPU row says "0-15": the fake
+    # prints the CPUs of the machine it runs on, which is the one value that must differ here.
+    host_cpus = "0" if os.cpu_count() == 1 else f"0-{os.cpu_count() - 1}"
+    rc, out, _ = run(reference_like_state(), "topo", "-m", tmp_path=tmp_path)
+    assert rc == 0
+    assert "GPU0\t X \t0-15\t0\t\tN/A\n" in ref
+    assert out == ref.replace("GPU0\t X \t0-15\t", f"GPU0\t X \t{host_cpus}\t")
+    # Given the capture machine's affinity in the state, it is the capture byte for byte.
+    rc, out, _ = run(reference_like_state(cpu_affinity="0-15"), "topo", "--matrix", tmp_path=tmp_path)
+    assert (rc, out) == (0, ref)
+
+
+def test_topo_matrix_links_between_gpus(tmp_path):
+    ref_legend = (REF / "topo.txt").read_text().split("\n\nLegend:")[1]
+    state = smistate.build_state("h100-80gb", 8, "n")
+    for gpu in state["gpus"]:
+        gpu.update(cpu_affinity="0-55,112-167", numa_affinity=0)
+    _, out, _ = run(state, "topo", "-m", tmp_path=tmp_path)
+    lines = out.split("\n\nLegend:")[0].splitlines()
+    assert out.split("\n\nLegend:")[1] == ref_legend
+    assert lines[0] == ("\t\x1b[4m" + "\t".join(f"GPU{i}" for i in range(8))
+                        + "\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID\x1b[0m")
+    assert lines[3] == "GPU2\tNV18\tNV18\t X \tNV18\tNV18\tNV18\tNV18\tNV18\t0-55,112-167\t0\t\tN/A"
+    assert len(lines) == 9
+    # A100 SXM boards have 12 NVLinks a GPU; PCIe cards (L4) talk over PCIe; visible devices renumber.
+    _, out, _ = run(smistate.build_state("a100-80gb", 2, "n"), "topo", "-m", tmp_path=tmp_path)
+    assert out.splitlines()[1].startswith("GPU0\t X \tNV12\t")
+    l4 = smistate.build_state("l4", 4, "n")
+    _, out, _ = run(l4, "topo", "-m", visible=f"{l4['gpus'][1]['uuid']},{l4['gpus'][3]['uuid']}", tmp_path=tmp_path)
+    assert [l.split("\t")[:3] for l in out.splitlines()[1:3]] == [["GPU0", " X ", "NODE"], ["GPU1", "NODE", " X "]]
+    assert smi._cpu_list([0, 1, 2, 3, 8, 10, 11]) == "0-3,8,10-11"
 
 
 def test_version_and_help(tmp_path):
