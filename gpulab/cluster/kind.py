@@ -39,7 +39,7 @@ from typing import Any
 
 import yaml
 
-from .. import paths, versions
+from .. import _poll, paths, versions
 from . import binaries
 from .base import ClusterError, Say
 from .base import say_to_stderr as _say
@@ -80,6 +80,10 @@ _KUBELET_NAMESPACES = ("kubelet.kubernetes.io", "node.kubernetes.io")
 
 class KindError(ClusterError):
     """The kind backend cannot do what was asked; the message says why and what to do."""
+
+
+class _TimedOut(Exception):
+    """A wait that reports its timeout instead of raising it (:meth:`KindCluster._wait_gpus`)."""
 
 
 
@@ -277,7 +281,7 @@ class KindCluster(StateDir):
     backend = "kind"
 
     def __init__(self, root: Path | None = None, name: str | None = None):
-        self.root = root or paths.home() / "kind"
+        self.root = root or paths.kind_dir()
         self.name = name or self.state().get("name") or os.environ.get("GPULAB_KIND_CLUSTER") or DEFAULT_NAME
         # pki/ holds the cluster CA, copied out of the control-plane node at `up`:
         # grading signs its per-submission identities with it, as on the embedded backend.
@@ -411,36 +415,42 @@ class KindCluster(StateDir):
         self._wait_gpus(client, topo, say)
 
     def _wait_nodes_ready(self, client: Any, topo: Topology, timeout: float = 300) -> None:
-        deadline = time.monotonic() + timeout
-        not_ready = {n.name for n in topo.nodes}
-        while time.monotonic() < deadline:
+        want = {n.name for n in topo.nodes}
+        not_ready = want
+
+        def all_ready() -> bool:
+            nonlocal not_ready
             ready = {n["metadata"]["name"] for n in client.list("Node")
                      if any(c.get("type") == "Ready" and c.get("status") == "True"
                             for c in (n.get("status") or {}).get("conditions") or [])}
-            not_ready = {n.name for n in topo.nodes} - ready
-            if not not_ready:
-                return
-            time.sleep(2)
-        raise KindError(f"kind nodes not Ready after {timeout:.0f} s: {', '.join(sorted(not_ready))}; see "
-                        f"`docker logs {self.name}-worker` and `kind export logs --name {self.name}`")
+            not_ready = want - ready
+            return not not_ready
+
+        _poll.until(all_ready, timeout, lambda _: KindError(
+            f"kind nodes not Ready after {timeout:.0f} s: {', '.join(sorted(not_ready))}; see "
+            f"`docker logs {self.name}-worker` and `kind export logs --name {self.name}`"),
+            interval=0.5, max_interval=2.0)
 
     def _wait_gpus(self, client: Any, topo: Topology, say: Say, timeout: float = 180) -> None:
-        """Until every GPU node's kubelet reports the GPUs the topology gives it."""
-        deadline = time.monotonic() + timeout
-        missing: list[str] = [n.name for n in topo.gpu_nodes]
-        while time.monotonic() < deadline:
-            missing = []
+        """Until every GPU node's kubelet reports the GPUs the topology gives it; a timeout is only reported."""
+        missing: list[str] = []
+
+        def all_reported() -> bool:
+            missing.clear()
             for spec in topo.gpu_nodes:
                 node = client.get("Node", spec.name) or {}
                 have = ((node.get("status") or {}).get("allocatable") or {}).get("nvidia.com/gpu")
                 if have != str(spec.gpu_count):
                     missing.append(f"{spec.name} ({have or 0}/{spec.gpu_count})")
-            if not missing:
-                say(f"every GPU node's kubelet reports its nvidia.com/gpu ({len(topo.gpu_nodes)} nodes)")
-                return
-            time.sleep(2)
-        say(f"GPU nodes without their nvidia.com/gpu after {timeout:.0f} s: {', '.join(missing)}; see "
-            f"`gpulab kubectl -n {NAMESPACE} get pods -o wide` and the device plugin's logs")
+            return not missing
+
+        try:
+            _poll.until(all_reported, timeout, lambda _: _TimedOut(), interval=0.5, max_interval=2.0)
+        except _TimedOut:
+            say(f"GPU nodes without their nvidia.com/gpu after {timeout:.0f} s: {', '.join(missing)}; see "
+                f"`gpulab kubectl -n {NAMESPACE} get pods -o wide` and the device plugin's logs")
+            return
+        say(f"every GPU node's kubelet reports its nvidia.com/gpu ({len(topo.gpu_nodes)} nodes)")
 
     # -- stop / reset ---------------------------------------------------------
 

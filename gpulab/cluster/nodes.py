@@ -11,12 +11,12 @@ resources come from the device plugin once the GPU Operator runs, and its
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 import yaml
 
+from .. import _poll
 from ..kube import api
 from .base import ClusterError
 from ..kube.names import LOOPBACK_NODE_ADDRESS, NODE_ANNOTATION, PROVISIONER, STORAGE_CLASS, node_address
@@ -163,19 +163,19 @@ def bootstrap(cluster: "EmbeddedCluster", topo: Topology, crds: tuple[Path, ...]
 def wait_ready(cluster: "EmbeddedCluster", topo: Topology, timeout: float) -> None:
     client = api.Client(cluster.kubeconfig)
     want = {n.name for n in topo.nodes}
-    deadline = time.monotonic() + timeout
     not_ready = want
-    while time.monotonic() < deadline:
+
+    def all_ready() -> bool:
+        nonlocal not_ready
         ready = set()
         for node in client.list("Node"):
             for cond in node.get("status", {}).get("conditions") or []:
                 if cond.get("type") == "Ready" and cond.get("status") == "True":
                     ready.add(node["metadata"]["name"])
         not_ready = want - ready
-        if not not_ready:
-            return
-        time.sleep(0.2)
-    raise ClusterError(
+        return not not_ready
+
+    _poll.until(all_ready, timeout, lambda _: ClusterError(
         f"nodes not Ready after {timeout:.0f} s: {', '.join(sorted(not_ready))}; "
         f"see {cluster.procs.log('kwok')}"
-    )
+    ), interval=0.2)

@@ -21,7 +21,7 @@ import urllib.request
 from pathlib import Path
 from typing import Callable
 
-from .. import _proc
+from .. import _poll, _proc
 
 
 @dataclasses.dataclass
@@ -38,6 +38,10 @@ class Component:
 
 class StartError(RuntimeError):
     pass
+
+
+class _TimedOut(Exception):
+    """A wait whose timeout is not an error: :meth:`ProcessTable.stop`'s grace running out."""
 
 
 def free_port(preferred: int | None = None) -> int:
@@ -141,8 +145,8 @@ class ProcessTable:
     def wait_ready(self, started: list[tuple[Component, subprocess.Popen]], timeout: float) -> None:
         """Wait until every component serves; stop the ones that do not and raise."""
         pending = list(started)
-        deadline = time.monotonic() + timeout
-        while pending and time.monotonic() < deadline:
+
+        def all_ready() -> bool:
             for comp, proc in list(pending):
                 if proc.poll() is not None:
                     raise StartError(
@@ -151,16 +155,18 @@ class ProcessTable:
                     )
                 if comp.ready():
                     pending.remove((comp, proc))
-            if pending:
-                time.sleep(0.05)
-        if pending:
+            return not pending
+
+        def timed_out(_last: object) -> StartError:
             comp = pending[0][0]
             for c, _ in pending:
                 self.stop(c.name, grace=3)
-            raise StartError(
+            return StartError(
                 f"{comp.name} did not become ready within {timeout:.0f} s; "
                 f"last lines of {self.log(comp.name)}:\n{tail(self.log(comp.name))}"
             )
+
+        _poll.until(all_ready, timeout, timed_out, interval=0.05)
 
     def stop(self, name: str, grace: float = 10.0) -> bool:
         pid = self.pid(name)
@@ -168,12 +174,16 @@ class ProcessTable:
         if not pid:
             return False
         _signal_group(pid, signal.SIGTERM)
-        deadline = time.monotonic() + grace
-        while time.monotonic() < deadline and _alive(pid):
-            _reap(pid)
-            time.sleep(0.05)
+        try:
+            _poll.until(lambda: _exited(pid), grace, lambda _: _TimedOut(), interval=0.05)
+        except _TimedOut:
+            pass
         if _alive(pid):
             _signal_group(pid, signal.SIGKILL)
+            # No deadline, on purpose (not a _poll.until wait): stop() returns once the process is gone,
+            # and its callers then say it stopped, delete its state (`down --purge`) or start it again on
+            # the same ports and data. A SIGKILLed process outlives the signal only in uninterruptible
+            # sleep (hung I/O); a bounded wait would return while it still runs, a new behaviour.
             while _alive(pid):
                 _reap(pid)
                 time.sleep(0.02)
@@ -194,6 +204,14 @@ def _signal_group(pid: int, sig: int) -> None:
 
 def _alive(pid: int) -> bool:
     return _proc.alive(pid)
+
+
+def _exited(pid: int) -> bool:
+    """Whether ``pid`` is gone; while it runs, each look also reaps it (a no-op unless it is our exited child)."""
+    if not _alive(pid):
+        return True
+    _reap(pid)
+    return False
 
 
 def _reap(pid: int) -> None:

@@ -48,6 +48,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterable
 
+from .. import _poll
 from . import nvidiasmi
 
 __all__ = [
@@ -179,18 +180,22 @@ def acknowledge(cluster_dir: Path, node: str) -> NodeFaults:
     return faults
 
 
+class _TimedOut(Exception):
+    """:func:`wait_applied`'s timeout, which it answers with False."""
+
+
 def wait_applied(cluster_dir: Path, node: str, timeout: float = 5.0) -> bool:
     """Until the running node agent applies the node's current faults; False after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
+    def applied() -> bool:
         try:
-            if _ack_path(cluster_dir, node).read_text() == _version(cluster_dir, node):
-                return True
+            return _ack_path(cluster_dir, node).read_text() == _version(cluster_dir, node)
         except FileNotFoundError:
-            pass
-        if time.monotonic() > deadline:
             return False
-        time.sleep(0.05)
+
+    try:
+        return _poll.until(applied, timeout, lambda _: _TimedOut(), interval=0.05)
+    except _TimedOut:
+        return False
 
 
 def load(cluster_dir: Path, node: str) -> NodeFaults:

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import yaml
 
-from .. import paths
+from .. import _poll, paths
 from ..kube import api
 from ..runtime import programs
 from . import gfd, mig
@@ -511,6 +511,10 @@ def _ready_since(pod: dict[str, Any], since: float) -> bool:
     return ready.get("status") == "True" and _rfc3339_seconds(changed) >= int(since)
 
 
+class _TimedOut(Exception):
+    """:func:`install`'s wait for the stack running out, which it reports rather than raises."""
+
+
 def install(kubeconfig: Path, say: Callable[[str], None], since: float = 0.0, timeout: float = 90.0) -> None:
     """Install the GPU Operator as its Helm chart does, then wait until the GPU stack is up.
 
@@ -532,12 +536,18 @@ def install(kubeconfig: Path, say: Callable[[str], None], since: float = 0.0, ti
     for doc in policies:
         if client.get("ClusterPolicy", doc["metadata"]["name"]) is None:
             client.create(doc)
-    waiting = None
-    while time.monotonic() - started < timeout:
+    waiting: str | None = None
+
+    def up() -> bool:
+        nonlocal waiting
         waiting = stack_ready(client, since)
-        if waiting is None:
-            say(f"GPU Operator ready in {time.monotonic() - started:.1f} s (clusterpolicy/{POLICY_NAME}: ready)")
-            return
-        time.sleep(0.5)
-    say(f"GPU Operator not ready after {timeout:.0f} s ({waiting}); see `kubectl -n {NAMESPACE} get pods` "
-        "and `gpulab fault list`")
+        return waiting is None
+
+    try:
+        # The timeout counts from the start of the install, not of this wait.
+        _poll.until(up, timeout - (time.monotonic() - started), lambda _: _TimedOut(), interval=0.5)
+    except _TimedOut:
+        say(f"GPU Operator not ready after {timeout:.0f} s ({waiting}); see `kubectl -n {NAMESPACE} get pods` "
+            "and `gpulab fault list`")
+        return
+    say(f"GPU Operator ready in {time.monotonic() - started:.1f} s (clusterpolicy/{POLICY_NAME}: ready)")

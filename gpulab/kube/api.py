@@ -19,6 +19,8 @@ import kubernetes.client
 import kubernetes.config
 import urllib3
 
+from .. import _poll
+
 # kind -> (API prefix, plural, namespaced)
 KINDS: dict[str, tuple[str, str, bool]] = {
     "Namespace": ("/api/v1", "namespaces", False),
@@ -265,11 +267,10 @@ class Client:
             resp.release_conn()
 
     def wait_crd(self, name: str, timeout: float = 30) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        def established() -> bool:
             crd = self.get("CustomResourceDefinition", name)
-            for c in (crd or {}).get("status", {}).get("conditions") or []:
-                if c.get("type") == "Established" and c.get("status") == "True":
-                    return
-            time.sleep(0.1)
-        raise TimeoutError(f"CRD {name} not Established after {timeout:.0f} s")
+            return any(c.get("type") == "Established" and c.get("status") == "True"
+                       for c in (crd or {}).get("status", {}).get("conditions") or [])
+
+        _poll.until(established, timeout,
+                    lambda _: TimeoutError(f"CRD {name} not Established after {timeout:.0f} s"), interval=0.1)

@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .. import _proc
+from .. import _poll, _proc
 from .._fsutil import atomic_write_json
 from . import logs, sandbox
 
@@ -60,6 +60,10 @@ def _read_json(path: Path) -> dict[str, Any] | None:
 
 class ShimError(OSError):
     """The shim could not start the container's process."""
+
+
+class _TimedOut(Exception):
+    """:meth:`ShimHandle.wait`'s timeout, which it answers with None."""
 
 
 class ShimHandle:
@@ -90,18 +94,23 @@ class ShimHandle:
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
                 start_new_session=True, close_fds=True,
             )
-        deadline = time.monotonic() + START_TIMEOUT
-        while time.monotonic() < deadline:
+
+        def failed(_last: object = None) -> ShimError:
+            if popen.poll() is None:
+                popen.kill()
+                popen.wait()
+            why = (run_dir / "shim.log").read_text(errors="replace").strip().splitlines()
+            return ShimError(f"the container's shim did not start its process: {why[-1] if why else 'no output'}")
+
+        def started() -> bool:
             if (run_dir / SHIM_FILE).exists():
-                return cls(run_dir, popen)
+                return True
             if popen.poll() is not None:
-                break
-            time.sleep(0.01)
-        if popen.poll() is None:
-            popen.kill()
-            popen.wait()
-        why = (run_dir / "shim.log").read_text(errors="replace").strip().splitlines()
-        raise ShimError(f"the container's shim did not start its process: {why[-1] if why else 'no output'}")
+                raise failed()
+            return False
+
+        _poll.until(started, START_TIMEOUT, failed, interval=0.01)
+        return cls(run_dir, popen)
 
     @classmethod
     def find(cls, run_dir: Path) -> "ShimHandle | None":
@@ -144,16 +153,19 @@ class ShimHandle:
 
     def wait(self, timeout: float) -> dict[str, Any] | None:
         """Wait up to ``timeout`` seconds for the exit status; None if it did not come (or the shim died)."""
-        deadline = time.monotonic() + max(timeout, 0.0)
-        while True:
+        def ended() -> tuple[dict[str, Any] | None] | None:
+            # In a tuple: a shim that died without a status ends the wait too, with None.
             status = self.exit_status()
             if status is not None:
-                return status
+                return (status,)
             if not self.shim_alive():
-                return self.exit_status()
-            if time.monotonic() >= deadline:
-                return None
-            time.sleep(0.02)
+                return (self.exit_status(),)
+            return None
+
+        try:
+            return _poll.until(ended, max(timeout, 0.0), lambda _: _TimedOut(), interval=0.02)[0]
+        except _TimedOut:
+            return None
 
     def stop(self, grace: float, why: str = "") -> dict[str, Any] | None:
         """SIGTERM, SIGKILL after ``grace`` seconds; the exit status, or None if the shim vanished."""
