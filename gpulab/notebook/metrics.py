@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..kube import api
 from .lesson import current
 from .table import Table
 
@@ -41,8 +42,14 @@ def dcgm_metrics(node: str | None = None, pod_only: bool = False) -> Table:
 
 
 def custom_metrics(metric: str = "DCGM_FI_DEV_GPU_UTIL", namespace: str | None = None) -> Table:
-    """Per-pod values of ``metric`` as the HPA controller reads them: from custom.metrics.k8s.io via the apiserver."""
+    """Per-pod values of ``metric`` as the HPA controller reads them: from custom.metrics.k8s.io via the apiserver.
+
+    Empty while the API does not serve ``metric`` (yet): prometheus-adapter answers 404 for a metric it has not
+    listed, until its next relist finds the series."""
     ns = namespace or current().namespace
-    body = current().kube.request("GET", f"/apis/custom.metrics.k8s.io/v1beta2/namespaces/{ns}/pods/*/{metric}")
+    try:
+        body = current().kube.request("GET", f"/apis/custom.metrics.k8s.io/v1beta2/namespaces/{ns}/pods/*/{metric}")
+    except api.NotFound:
+        body = {}
     return Table([{"POD": i["describedObject"]["name"], "METRIC": i["metric"]["name"], "VALUE": i["value"]}
                   for i in body.get("items") or []], ["POD", "METRIC", "VALUE"])
