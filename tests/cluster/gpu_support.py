@@ -7,8 +7,11 @@ suites see the cluster as ``gpulab up`` leaves it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -110,6 +113,21 @@ def gpu_holders(kube) -> list[str]:
 
 def wait_gpus_free(kube, timeout: float = 60) -> None:
     wait_for(lambda: not gpu_holders(kube), timeout, what=f"GPUs released (held by {gpu_holders(kube)})")
+
+
+@contextlib.contextmanager
+def gpu_namespace(kube, prefix: str) -> Iterator[str]:
+    """A namespace ``<prefix>-<random>`` for GPU pods, with every GPU free before and after (other tests
+    need them)."""
+    wait_gpus_free(kube)
+    name = f"{prefix}-{uuid.uuid4().hex[:6]}"
+    kube.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+    wait_for(lambda: kube.get("ServiceAccount", "default", name), 30, what="default service account")
+    try:
+        yield name
+    finally:
+        kube.delete("Namespace", name)
+        wait_gpus_free(kube, timeout=90)
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -13,10 +13,9 @@ import json
 import subprocess
 import sys
 import urllib.parse
-import uuid
 
 import pytest
-from gpu_support import manifest, wait_gpus_free, wait_phase
+from gpu_support import gpu_namespace, manifest, wait_phase
 from helpers import NEEDS_POD_NETWORK, wait_for
 
 from gpulab.cluster import addons
@@ -44,13 +43,8 @@ def stack(cluster, kube):
 
 @pytest.fixture
 def gpu_ns(kube):
-    wait_gpus_free(kube)
-    name = f"mon-{uuid.uuid4().hex[:6]}"
-    kube.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
-    wait_for(lambda: kube.get("ServiceAccount", "default", name), 30, what="default service account")
-    yield name
-    kube.delete("Namespace", name)
-    wait_gpus_free(kube, timeout=90)
+    with gpu_namespace(kube, "mon") as name:
+        yield name
 
 
 def query(kubectl, promql: str) -> list[dict]:

@@ -15,11 +15,10 @@ import sys
 import time
 import urllib.error
 import urllib.request
-import uuid
 
 import pytest
 import yaml
-from gpu_support import manifest, wait_gpus_free, wait_phase
+from gpu_support import gpu_namespace, manifest, wait_gpus_free, wait_phase
 from helpers import wait_for
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -52,14 +51,8 @@ def sampled(cluster, namespace: str) -> bool:
 
 @pytest.fixture
 def gpu_ns(kube):
-    """A namespace for GPU pods, with every GPU free before and after (other tests need them)."""
-    wait_gpus_free(kube)
-    name = f"obs-{uuid.uuid4().hex[:6]}"
-    kube.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
-    wait_for(lambda: kube.get("ServiceAccount", "default", name), 30, what="default service account")
-    yield name
-    kube.delete("Namespace", name)
-    wait_gpus_free(kube, timeout=90)
+    with gpu_namespace(kube, "obs") as name:
+        yield name
 
 
 def test_exporter_series_parse_as_prometheus_text_and_follow_the_pods(kube, kubectl, gpu_ns):
