@@ -215,6 +215,14 @@ def addon() -> None:
     """Add-ons a platform team installs on a cluster (manifests/addons/), e.g. monitoring."""
 
 
+def _known_addon(name: str) -> None:
+    """A usage error (exit 2) for a name that is not an add-on, before anything touches the cluster."""
+    from .cluster import addons
+
+    if name not in addons.names():
+        _fail(f"unknown add-on {name!r}; there are: {', '.join(addons.names())}", 2)
+
+
 @addon.command(name="list")
 def addon_list() -> None:
     """The add-ons there are, and whether this cluster has each."""
@@ -235,8 +243,7 @@ def addon_install(name: str) -> None:
     from .cluster import addons, binaries
     from .kube import api
 
-    if name not in addons.names():
-        _fail(f"unknown add-on {name!r}; there are: {', '.join(addons.names())}", 2)
+    _known_addon(name)
     cluster = _cluster()
     if not cluster.running():
         _fail("the cluster is not running; start it with `gpulab up`")
@@ -259,8 +266,7 @@ def addon_delete(name: str) -> None:
     from .cluster import addons
     from .kube import api
 
-    if name not in addons.names():
-        _fail(f"unknown add-on {name!r}; there are: {', '.join(addons.names())}", 2)
+    _known_addon(name)
     cluster = _cluster()
     try:
         click.echo(addons.delete(cluster.kubeconfig, name, lambda msg: click.echo(f"gpulab: {msg}", err=True)))

@@ -99,14 +99,13 @@ def install(kubeconfig: Path, name: str, say: Say, timeout: float = READY_TIMEOU
                 f"{old['spec'].get('service', {}).get('namespace')}/{old['spec'].get('service', {}).get('name')}; "
                 f"{name} takes it over")
             client.delete("APIService", svc["metadata"]["name"])
-    before = {(d["metadata"]["namespace"], d["metadata"]["name"]): _data(client.get("ConfigMap", d["metadata"]["name"],
-                                                                                  d["metadata"]["namespace"]))
-              for d in docs if d["kind"] == "ConfigMap"}
+    desired = {(d["metadata"]["namespace"], d["metadata"]["name"]): _data(d) for d in docs if d["kind"] == "ConfigMap"}
+    before = {key: _data(client.get("ConfigMap", key[1], key[0])) for key in desired}
     for doc in docs:
         client.apply(doc, manager=MANAGER)
     say(f"{name}: applied {len(docs)} objects from {root() / name}")
-    changed = {key for key, old in before.items() if old is not None and old != _data(
-        next(d for d in docs if d["kind"] == "ConfigMap" and (d["metadata"]["namespace"], d["metadata"]["name"]) == key))}
+    # A ConfigMap that existed with other contents: the programs reading it are told (reload or restart).
+    changed = {key for key, data in desired.items() if before[key] is not None and before[key] != data}
     for doc in docs:
         if doc["kind"] == "Deployment" and changed & _mounted(doc):
             _reconfigure(client, kubeconfig, doc, changed & _mounted(doc), say)
@@ -163,8 +162,8 @@ def _reconfigure(client: api.Client, kubeconfig: Path, deployment: dict[str, Any
 
 
 def _wait_mounted(client: api.Client, kubeconfig: Path, deployment: dict[str, Any], configs: set[tuple[str, str]]) -> None:
-    """Until every running pod of the Deployment reads the ConfigMaps' new contents at their mount paths
-    (`kubectl exec ... cat`, as an operator would check)."""
+    """Until the Deployment's pod (the one `kubectl exec deploy/NAME` picks: the add-on's Deployments run one
+    replica) reads the ConfigMaps' new contents at their mount paths, as an operator would check."""
     import subprocess
 
     md, spec = deployment["metadata"], deployment["spec"]["template"]["spec"]
@@ -220,14 +219,10 @@ def _wait_deployment(client: api.Client, namespace: str, name: str, say: Say, de
 
 def _wait_api_service(client: api.Client, name: str, say: Say, deadline: float) -> None:
     def available() -> bool:
-        svc = client.get("APIService", name) or {}
-        return any(c.get("type") == "Available" and c.get("status") == "True"
-                   for c in (svc.get("status") or {}).get("conditions") or [])
+        return api.condition_true(client.get("APIService", name), "Available")
 
     def timed_out(_: object) -> AddonError:
-        svc = client.get("APIService", name) or {}
-        why = next((c.get("message", "") for c in (svc.get("status") or {}).get("conditions") or []
-                    if c.get("type") == "Available"), "")
+        why = (api.condition(client.get("APIService", name), "Available") or {}).get("message")
         return AddonError(f"APIService {name} not available: {why or 'no status yet'}")
 
     _poll.until(available, max(1.0, deadline - time.monotonic()), timed_out, interval=0.25, max_interval=1.0)

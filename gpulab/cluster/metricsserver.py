@@ -129,6 +129,4 @@ def install(kubeconfig: Path, pki_dir: Path, port: int) -> None:
 
 
 def available(client: api.Client) -> bool:
-    svc = client.get("APIService", f"{VERSION}.{GROUP}")
-    conds = ((svc or {}).get("status") or {}).get("conditions") or []
-    return any(c.get("type") == "Available" and c.get("status") == "True" for c in conds)
+    return api.condition_true(client.get("APIService", f"{VERSION}.{GROUP}"), "Available")

@@ -268,9 +268,20 @@ class Client:
 
     def wait_crd(self, name: str, timeout: float = 30) -> None:
         def established() -> bool:
-            crd = self.get("CustomResourceDefinition", name)
-            return any(c.get("type") == "Established" and c.get("status") == "True"
-                       for c in (crd or {}).get("status", {}).get("conditions") or [])
+            return condition_true(self.get("CustomResourceDefinition", name), "Established")
 
         _poll.until(established, timeout,
                     lambda _: TimeoutError(f"CRD {name} not Established after {timeout:.0f} s"), interval=0.1)
+
+
+def condition(obj: dict[str, Any] | None, type_: str) -> dict[str, Any] | None:
+    """The object's status condition of type ``type_`` (``"Available"``, ``"Established"``, ``"Ready"``), or None."""
+    for c in ((obj or {}).get("status") or {}).get("conditions") or []:
+        if c.get("type") == type_:
+            return c
+    return None
+
+
+def condition_true(obj: dict[str, Any] | None, type_: str) -> bool:
+    """Whether the object's condition ``type_`` is ``"True"``."""
+    return (condition(obj, type_) or {}).get("status") == "True"

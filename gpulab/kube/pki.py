@@ -186,8 +186,3 @@ def issue_server(pki: Path, stem: str, cn: str, dns_names: tuple[str, ...],
                 crt_path)
     _write_key(key, key_path)
     return crt_path, key_path
-    ca = _load(pki, "ca")
-    key = _key()
-    _write_cert(_sign(_name(cn), key, ca, server=True, dns_names=("localhost", *dns_names)), crt_path)
-    _write_key(key, key_path)
-    return crt_path, key_path

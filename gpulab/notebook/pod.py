@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from ..kube import api
 from . import quantity
 from .lesson import current
 from .table import Table
@@ -18,10 +19,7 @@ GPU = "nvidia.com/gpu"
 
 def pod_condition(pod: dict[str, Any], type_: str) -> dict[str, Any] | None:
     """The pod's status condition of type ``type_`` (``"Ready"``, ``"PodScheduled"``), or None."""
-    for c in pod.get("status", {}).get("conditions") or []:
-        if c.get("type") == type_:
-            return c
-    return None
+    return api.condition(pod, type_)
 
 
 def terminal(pod: dict[str, Any]) -> bool:

@@ -17,16 +17,6 @@ def test_a_timeout_raises_what_the_caller_builds_from_the_last_value():
         _poll.until(lambda: [], 0.05, lambda v: TimeoutError(f"last: {v!r}"), interval=0.01)
 
 
-@pytest.fixture
-def pauses(monkeypatch) -> list[float]:
-    """The pauses until() takes, on a clock that moves one second per look."""
-    taken: list[float] = []
-    clock = iter(range(100))
-    monkeypatch.setattr(_poll.time, "monotonic", lambda: next(clock))
-    monkeypatch.setattr(_poll.time, "sleep", taken.append)
-    return taken
-
-
 def test_the_pause_grows_up_to_max_interval(pauses):
     with pytest.raises(RuntimeError):
         _poll.until(lambda: None, 6, lambda _: RuntimeError(), interval=0.1, max_interval=0.2)

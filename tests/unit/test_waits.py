@@ -12,22 +12,11 @@ from typing import Any
 
 import pytest
 
-from gpulab import _poll
 from gpulab.cluster import kind, nodes
 from gpulab.cluster.processes import Component, ProcessTable, StartError
 from gpulab.fakegpu import operator
 from gpulab.kube import api
 from gpulab.runtime import sandbox, shim
-
-
-@pytest.fixture
-def pauses(monkeypatch) -> list[float]:
-    """The pauses the waits take, on a clock that moves one second per look."""
-    taken: list[float] = []
-    clock = iter(range(10_000))
-    monkeypatch.setattr(_poll.time, "monotonic", lambda: next(clock))
-    monkeypatch.setattr(_poll.time, "sleep", taken.append)
-    return taken
 
 
 def node(name: str, ready: bool = True, gpus: str | None = None) -> dict[str, Any]:
