@@ -113,12 +113,16 @@ def test_pods_of_an_indexed_job_find_each_other_through_a_headless_service(kube,
             "    s = socket.socket(); s.bind(('', 29500)); s.listen()\n"
             "    c, _ = s.accept(); print('rank 0 got', c.recv(100).decode())\n"
             "else:\n"
-            "    for i in range(60):\n"
+            # Rank 1 may ask before rank 0 is Ready: CoreDNS then answers NXDOMAIN and caches that answer
+            # for the Corefile's `ttl 30`, as on any kubeadm cluster. Launchers wait minutes for rank 0.
+            "    deadline = time.monotonic() + 100\n"
+            "    while True:\n"
             "        try:\n"
             f"            c = socket.create_connection(('ring-0.workers.{ns}.svc.cluster.local', 29500), timeout=2)\n"
             "            c.sendall(b'hello from rank 1'); print('sent'); break\n"
-            "        except OSError: time.sleep(0.5)\n"
-            "    else: sys.exit(1)\n")
+            "        except OSError as e:\n"
+            "            if time.monotonic() > deadline: sys.exit(f'rank 0 unreachable: {e}')\n"
+            "            time.sleep(0.5)\n")
     create(kube, ns, {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "ring"},
                       "spec": {"completions": 2, "parallelism": 2, "completionMode": "Indexed", "backoffLimit": 0,
                                "template": {"spec": {"subdomain": "workers", "restartPolicy": "Never",
@@ -126,10 +130,11 @@ def test_pods_of_an_indexed_job_find_each_other_through_a_headless_service(kube,
                                                                      "command": ["python3", "-c", code]}]}}}})
     job = wait_for(lambda: (j := kube.get("Job", "ring", ns)) and (j["status"].get("succeeded") == 2
                                                                  or j["status"].get("failed")) and j,
-                   120, what="the Job finished")
-    assert job["status"].get("succeeded") == 2, job["status"]
-    rank0 = next(p for p in kube.list("Pod", ns, label_selector="job-name=ring")
-                 if p["metadata"]["annotations"].get("batch.kubernetes.io/job-completion-index") == "0")
+                   150, what="the Job finished")
+    pods = kube.list("Pod", ns, label_selector="job-name=ring")
+    assert job["status"].get("succeeded") == 2, (job["status"], {
+        p["metadata"]["name"]: logs(kubectl, ns, p["metadata"]["name"])[-500:] for p in pods})
+    rank0 = next(p for p in pods if p["metadata"]["annotations"].get("batch.kubernetes.io/job-completion-index") == "0")
     assert logs(kubectl, ns, rank0["metadata"]["name"]).strip() == "rank 0 got hello from rank 1"
 
 
