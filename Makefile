@@ -28,6 +28,12 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 TEST_STAMP := $(VENV)/.installed-test
 PYTEST_ARGS ?=
+# pytest-xdist workers of `make test` and `make test-learner`: each worker starts its own cluster and is
+# given whole test modules (--dist loadscope: a module's fixtures are set up once); the notebooks come
+# first (tests/conftest.py), so the longest module starts at once. The cluster tests mostly wait on
+# controllers and timers, so two workers share the 2 cores well. TEST_WORKERS=0: one process, no xdist.
+TEST_WORKERS ?= 2
+XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadscope)
 JUPYTER_PORT ?= 8888
 # embedded (local processes) or kind (Docker): which cluster `make up` / `make test` use.
 BACKEND ?= embedded
@@ -123,7 +129,7 @@ lab: up
 
 test: install-test build
 	$(CHECK_BACKEND)
-	GPULAB_TEST_BACKEND=$(BACKEND) $(BIN)/python -m pytest $(PYTEST_ARGS)
+	GPULAB_TEST_BACKEND=$(BACKEND) $(BIN)/python -m pytest $(XDIST) $(PYTEST_ARGS)
 
 test-unit: install-test
 	$(BIN)/python -m pytest tests/unit $(PYTEST_ARGS)
@@ -141,7 +147,7 @@ LEARNER_TESTS := tests/cluster/test_pod_network.py tests/cluster/test_gpu_operat
 	tests/cluster/test_gpu_faults.py tests/cluster/test_lab_02.py tests/cluster/test_images.py tests/cluster/test_monitoring_addon.py \
 	tests/notebooks/test_notebooks.py
 test-learner: install-test build
-	$(BIN)/python -m pytest $(LEARNER_TESTS) -k "not test_notebook_runs or 01- or 02- or 03- or 04-" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(XDIST) $(LEARNER_TESTS) -k "not test_notebook_runs or 01- or 02- or 03- or 04-" $(PYTEST_ARGS)
 
 test-learner-process: install-test build
 	GPULAB_SANDBOX=process $(BIN)/python -m pytest tests/unit/test_sandbox.py tests/cluster/test_workloads.py \

@@ -22,6 +22,12 @@ from helpers import wait_for
 REPO = Path(__file__).resolve().parent.parent
 
 
+def pytest_collection_modifyitems(items):
+    # The notebooks first: one module of some thirteen minutes, which pytest-xdist (--dist loadscope)
+    # hands out in this order, so it starts at once on one worker while the other takes the rest.
+    items.sort(key=lambda item: not item.nodeid.startswith("tests/notebooks/test_notebooks.py"))
+
+
 def pytest_configure(config):
     # A CI timeout or `kill` sends SIGTERM: treat it as Ctrl-C, so that fixtures
     # still stop the session cluster instead of leaving its servers running.
