@@ -1,21 +1,21 @@
-"""Observability benchmark: DCGM scrape and custom metrics latency with 50 GPU pods, HPA reaction time.
+"""Observability benchmark: DCGM scrapes, custom metrics and usage-report latency with 50 GPU pods, HPA reaction.
 
-    .venv/bin/python bench/observability_bench.py [--pods 50] [--queries 40] [--monitoring-addon]
+    .venv/bin/python bench/observability_bench.py [--pods 50] [--queries 40]
 
 Starts its own cluster (topology manifests/topologies/bench-56-gpus.yaml:
-seven 8-GPU nodes) in a temp GPULAB_HOME, runs ``--pods`` single-GPU pods,
+seven 8-GPU nodes) in a temp GPULAB_HOME, installs the monitoring add-on (timed:
+custom metrics come from prometheus-adapter over Prometheus' series, the pipeline
+DCGM exporter -> Prometheus -> adapter -> HPA), runs ``--pods`` single-GPU pods,
 then measures
 
 - one exporter's ``/metrics`` (one node, 8 GPUs) and a scrape of all exporters;
+- a PromQL query through the apiserver's service proxy, and ``gpulab report``'s
+  queries (``usage.collect``) over the pods' window;
 - ``custom.metrics.k8s.io`` through the apiserver's aggregation layer, for
   all pods of the namespace (what the HPA controller asks) and for one pod;
 - an HPA on ``DCGM_FI_DEV_GPU_UTIL``: seconds from ``gpulab load`` to the
-  HPA's new desired replica count, and to that replica being Ready.
-
-With ``--monitoring-addon`` the monitoring add-on is installed first (timed), so
-custom metrics come from prometheus-adapter over Prometheus' series (the
-pipeline DCGM exporter -> Prometheus -> adapter -> HPA); it also times a PromQL
-query and reports the RSS of the add-on's processes.
+  HPA's new desired replica count, and to that replica being Ready;
+- the RSS of the add-on's processes.
 
 Results print as a Markdown table for BENCHMARKS.md.
 """
@@ -37,10 +37,11 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from gpulab.kube import api
+from gpulab import usage  # noqa: E402
+from gpulab.kube import api  # noqa: E402
 from gpulab.cluster import addons  # noqa: E402
 from gpulab.cluster.embedded import EmbeddedCluster  # noqa: E402
-from gpulab.fakegpu import load, monitoring  # noqa: E402
+from gpulab.fakegpu import dcgm, load  # noqa: E402
 
 TOPOLOGY = REPO / "manifests" / "topologies" / "bench-56-gpus.yaml"
 MANIFESTS = REPO / "manifests" / "07-monitoring-cost"
@@ -111,8 +112,6 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--pods", type=int, default=50)
     ap.add_argument("--queries", type=int, default=40)
-    ap.add_argument("--monitoring-addon", action="store_true",
-                    help="install the monitoring add-on: custom metrics from prometheus-adapter over Prometheus")
     args = ap.parse_args()
 
     home = Path(tempfile.mkdtemp(prefix="gl-obs-", dir="/tmp"))
@@ -125,47 +124,53 @@ def main() -> None:
         cluster.up(TOPOLOGY, say=lambda m: None)
         rows.append(("cluster up (8 nodes, 56 GPUs)", f"{time.monotonic() - t0:.1f} s"))
         kube = api.Client(cluster.kubeconfig)
-        if args.monitoring_addon:
-            t0 = time.monotonic()
-            addons.install(cluster.kubeconfig, "monitoring", say=lambda m: None)
-            rows.append(("monitoring add-on installed (3 Deployments, 2 APIServices available)",
-                         f"{time.monotonic() - t0:.1f} s"))
+        t0 = time.monotonic()
+        addons.install(cluster.kubeconfig, "monitoring", say=lambda m: None)
+        rows.append(("monitoring add-on installed (3 Deployments, 2 APIServices available)",
+                     f"{time.monotonic() - t0:.1f} s"))
         kube.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}})
         wait(lambda: kube.get("ServiceAccount", "default", NS), 30, "default service account")
 
         t0 = time.monotonic()
+        pods_started = time.time()
         kube.create({**gpu_pods_deployment(args.pods), "metadata": {**gpu_pods_deployment(args.pods)["metadata"],
                                                                      "namespace": NS}})
         wait(lambda: int((kube.get("Deployment", "fleet", NS).get("status") or {}).get("readyReplicas") or 0)
              == args.pods, 300, f"{args.pods} ready GPU pods")
         rows.append((f"{args.pods} GPU pods Ready", f"{time.monotonic() - t0:.1f} s"))
 
-        endpoints = monitoring.exporter_endpoints(kube)
+        endpoints = dcgm.exporter_endpoints(kube)
         one = endpoints[sorted(endpoints)[0]]
         one_page = timed(lambda: urllib.request.urlopen(one, timeout=5).read(), args.queries)
         rows.append(("scrape one exporter (8 GPUs), p50 / p95", f"{pct(one_page, .5):.1f} / {pct(one_page, .95):.1f} ms"))
-        everything = timed(lambda: monitoring.scrape_all(kube), args.queries)
+        everything = timed(lambda: dcgm.scrape_all(kube), args.queries)
         rows.append((f"scrape all {len(endpoints)} exporters (incl. finding them), p50 / p95",
                      f"{pct(everything, .5):.1f} / {pct(everything, .95):.1f} ms"))
 
         path = f"/apis/custom.metrics.k8s.io/v1beta2/namespaces/{NS}/pods/*/DCGM_FI_DEV_GPU_UTIL"
-        if args.monitoring_addon:
-            # The adapter lists the new series at its next relist (30 s).
-            def served() -> bool:
-                try:
-                    return len(kube.request("GET", path).get("items") or []) == args.pods
-                except api.NotFound:  # not listed yet: the metric is unknown until the relist
-                    return False
 
-            t0 = time.monotonic()
-            wait(served, 120, "the adapter to serve every pod")
-            rows.append((f"{args.pods} pods Ready -> the adapter serves all of them (its 30 s relist)",
-                         f"{time.monotonic() - t0:.1f} s"))
-            promql = ("/api/v1/namespaces/monitoring/services/prometheus:9090/proxy/api/v1/query?query="
-                      "avg%20by%20(pod)(DCGM_FI_DEV_GPU_UTIL%7Bnamespace%3D%22bench%22%7D)")
-            q = timed(lambda: kube.request("GET", promql), args.queries)
-            rows.append((f"PromQL avg by (pod) over {args.pods} pods, through the service proxy, p50 / p95",
-                         f"{pct(q, .5):.1f} / {pct(q, .95):.1f} ms"))
+        # The adapter lists the new series at its next relist (30 s).
+        def served() -> bool:
+            try:
+                return len(kube.request("GET", path).get("items") or []) == args.pods
+            except api.NotFound:  # not listed yet: the metric is unknown until the relist
+                return False
+
+        t0 = time.monotonic()
+        wait(served, 120, "the adapter to serve every pod")
+        rows.append((f"{args.pods} pods Ready -> the adapter serves all of them (its 30 s relist)",
+                     f"{time.monotonic() - t0:.1f} s"))
+        promql = ("/api/v1/namespaces/monitoring/services/prometheus:9090/proxy/api/v1/query?query="
+                  "avg%20by%20(pod)(DCGM_FI_DEV_GPU_UTIL%7Bnamespace%3D%22bench%22%7D)")
+        q = timed(lambda: kube.request("GET", promql), args.queries)
+        rows.append((f"PromQL avg by (pod) over {args.pods} pods, through the service proxy, p50 / p95",
+                     f"{pct(q, .5):.1f} / {pct(q, .95):.1f} ms"))
+        window = time.time() - pods_started
+        report = usage.collect(cluster.kubeconfig, since=window)
+        assert sum(u.gpus_now for u in report.namespaces if u.name == NS) == args.pods, report.text()
+        collect = timed(lambda: usage.collect(cluster.kubeconfig, since=window), max(5, args.queries // 4))
+        rows.append((f"gpulab report ({len(report.queries)} PromQL queries, {window / 60:.0f} min of {args.pods} pods), "
+                     "p50 / p95", f"{pct(collect, .5):.1f} / {pct(collect, .95):.1f} ms"))
         body = kube.request("GET", path)
         assert len(body["items"]) == args.pods, len(body["items"])
         query = timed(lambda: kube.request("GET", path), args.queries)
@@ -197,9 +202,8 @@ def main() -> None:
         load.set_load(kube, "svc/llm", "0", NS)
         wait(lambda: (kube.get("Deployment", "llm", NS)["spec"]["replicas"] == 1), 180, "the HPA to scale in")
         rows.append(("HPA: load gone -> scaled back in (15 s stabilisation)", f"{time.monotonic() - t0:.1f} s"))
-        if args.monitoring_addon:
-            for name, rss in addon_rss():
-                rows.append((f"RSS {name}", f"{rss:.1f} MiB"))
+        for name, rss in addon_rss():
+            rows.append((f"RSS {name}", f"{rss:.1f} MiB"))
     finally:
         cluster.down(purge=True, say=lambda m: None)
 

@@ -12,7 +12,7 @@ only those below it; DEVELOPMENT.md's "Layout" has the picture):
 - ``gpulab.cluster``   bring-up: the embedded and kind backends, the node agent's entry point
 - ``gpulab.fakegpu``   everything NVIDIA: device plugin, GFD, MIG, nvidia-smi, DCGM, operator
 - ``gpulab.runtime``   the simulated kubelet: pods, containers, sandbox, pod network
-- ``gpulab.usage``     GPU-hours records, reports and plots
+- ``gpulab.usage``     GPU-hours by PromQL over the monitoring add-on's Prometheus: reports and plots
 - ``gpulab.kube``      API client, Events, PKI, kubeconfigs, state directory, topology, names
 - ``gpulab.hardware``  GPU models and MIG profiles as data (models.yaml)
 

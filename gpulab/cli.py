@@ -579,15 +579,21 @@ def dist_learner(out: Path, force: bool) -> None:
 # --------------------------------------------------------------------------- observability
 
 
+def _kubeconfig() -> Path:
+    """$KUBECONFIG, else the cluster's; fails when there is none."""
+    config = Path(os.environ.get("KUBECONFIG") or backend.kubeconfig())
+    if not config.exists():
+        _fail(f"no kubeconfig at {config}: `gpulab up` starts the cluster")
+    return config
+
+
 def _api_and_namespace(namespace: str | None):
     """A client for the cluster, and the namespace to use: -n, else the kubeconfig context's, else default."""
     import yaml
 
     from .kube import api
 
-    config = Path(os.environ.get("KUBECONFIG") or backend.kubeconfig())
-    if not config.exists():
-        _fail(f"no kubeconfig at {config}: `gpulab up` starts the cluster")
+    config = _kubeconfig()
     if namespace is None:
         try:
             doc = yaml.safe_load(config.read_text()) or {}
@@ -638,14 +644,14 @@ def load_cmd(target: str, rps: str, max_tokens: int, port: str | None, namespace
 def metrics_cmd(targets: bool, node: str | None) -> None:
     """Scrape every DCGM exporter and print their metrics (Prometheus text format)."""
     from .kube import api
-    from .fakegpu import monitoring
+    from .fakegpu import dcgm
 
     client, _ = _api_and_namespace(None)
     try:
         if targets:
-            click.echo(monitoring.prometheus_targets(client), nl=False)
+            click.echo(dcgm.prometheus_targets(client), nl=False)
             return
-        pages = monitoring.scrape_all(client)
+        pages = dcgm.scrape_all(client)
     except (api.ApiError, OSError) as e:
         _fail(f"cannot reach the cluster: {e}")
     if node is not None:
@@ -664,10 +670,15 @@ def metrics_cmd(targets: bool, node: str | None) -> None:
 @click.option("--namespace", "-n", help="Only this namespace.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path),
               help="Also write report.json, utilization.png and allocation.png here.")
-@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON (with the PromQL it ran).")
 def report_cmd(since: str, namespace: str | None, out_dir: Path | None, as_json: bool) -> None:
-    """GPU usage per namespace and node: GPU-hours allocated vs computing, idle GPUs, quota use."""
+    """GPU usage per namespace and node: GPU-hours allocated vs computing, idle GPUs, quota use.
+
+    PromQL over the monitoring add-on's Prometheus (`gpulab addon install monitoring`), reached through
+    the apiserver's service proxy; preemptions from the scheduler's Events.
+    """
     from . import usage
+    from .hardware.models import GpuModelError
     from .kube import api
     from .usage import plots
 
@@ -675,12 +686,10 @@ def report_cmd(since: str, namespace: str | None, out_dir: Path | None, as_json:
         seconds = usage.parse_since(since)
     except ValueError as e:
         _fail(str(e), 2)
-    cluster = _cluster()
-    if not cluster.exists():
-        _fail("no cluster yet: `gpulab up` creates one")
-    client, _ = _api_and_namespace(None)
     try:
-        report = usage.collect(cluster.root, client, since=seconds, namespace=namespace)
+        report = usage.collect(_kubeconfig(), since=seconds, namespace=namespace)
+    except (usage.PrometheusError, GpuModelError) as e:
+        _fail(str(e))
     except (api.ApiError, OSError) as e:
         _fail(f"cannot reach the cluster: {e}")
     if as_json:

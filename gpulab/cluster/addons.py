@@ -73,18 +73,6 @@ def installed(client: api.Client, name: str) -> bool:
                for d in documents(name) if d["kind"] == "Deployment")
 
 
-def owns_api_service(client: api.Client, service_name: str) -> bool:
-    """Whether an add-on serves the APIService ``service_name`` now (so that nothing else re-registers it)."""
-    svc = client.get("APIService", service_name) or {}
-    backend = (svc.get("spec") or {}).get("service") or {}
-    for name in names():
-        for doc in _api_services(documents(name)):
-            if doc["metadata"]["name"] == service_name and doc["spec"]["service"]["namespace"] == backend.get(
-                    "namespace") and doc["spec"]["service"]["name"] == backend.get("name"):
-                return True
-    return False
-
-
 def install(kubeconfig: Path, name: str, say: Say, timeout: float = READY_TIMEOUT) -> str:
     """Apply the add-on and wait until it serves; returns a one-line summary."""
     docs = documents(name)

@@ -40,6 +40,7 @@ import shutil
 import stat
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +51,7 @@ from .base import say_to_stderr as _say
 from ..kube.names import API_ADDRESS, NODE_ANNOTATION, POD_CIDR, SERVICE_CIDR
 from ..runtime import network, sandbox, shim, streaming
 from ..runtime.resourcemetrics import SERVING_CERT as NODE_AGENT_SERVING_CERT
-from . import addons, binaries, clusterdns, kubeproxy, metricsserver, nodes
+from . import binaries, clusterdns, kubeproxy, metricsserver, nodes
 from . import status as status_mod
 from ..kube import api, kubeconfig, pki
 from .processes import Component, ProcessTable, StartError, free_port, http_ok, https_ok, port_is_free, who_listens
@@ -65,15 +66,35 @@ COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-schedul
 NETWORK_COMPONENTS = ("kube-proxy",)
 
 
+#: Where gpulab's own custom metrics adapter ran before the monitoring add-on took its place.
+LEGACY_ADAPTER_NAMESPACE = "custom-metrics"
+
+
+def drop_legacy_adapter(client: api.Client, say: Callable[[str], None]) -> None:
+    """Remove what gpulab's old built-in custom metrics adapter left in a cluster made before the add-on.
+
+    Its APIServices point at a port nothing serves any more, and an unavailable APIService stalls API
+    discovery and the deletion of every namespace. The add-on's own APIServices (``monitoring``) stay.
+    """
+    for version in ("v1beta1", "v1beta2"):
+        name = f"{version}.custom.metrics.k8s.io"
+        svc = client.get("APIService", name)
+        if svc and ((svc.get("spec") or {}).get("service") or {}).get("namespace") == LEGACY_ADAPTER_NAMESPACE:
+            client.delete("APIService", name)
+    if client.get("Namespace", LEGACY_ADAPTER_NAMESPACE):
+        client.delete("Namespace", LEGACY_ADAPTER_NAMESPACE)
+        say("removed the old built-in custom metrics adapter (namespace custom-metrics); "
+            "custom metrics come from `gpulab addon install monitoring` now")
+
+
 def components() -> tuple[str, ...]:
     """The components this machine's sandbox runs: without namespaces there is no pod network to proxy."""
     if sandbox.kind() == "namespaces":
         return COMPONENTS
     return tuple(c for c in COMPONENTS if c not in NETWORK_COMPONENTS)
-# "custom-metrics" is served by the custom metrics adapter, a program of the node agent;
-# "resource-metrics" by the node agent itself (every node's /metrics/resource); "egress" by the node agent
+# "resource-metrics" is served by the node agent (every node's /metrics/resource); "egress" by the node agent
 # too, the way into the pod network for host programs that reach the nodes (metrics-server's HTTPS_PROXY).
-PORTS = ("etcd-client", "etcd-peer", "apiserver", "controller-manager", "scheduler", "kwok", "custom-metrics",
+PORTS = ("etcd-client", "etcd-peer", "apiserver", "controller-manager", "scheduler", "kwok",
          "resource-metrics", "metrics-server", "egress")
 
 
@@ -190,18 +211,12 @@ class EmbeddedCluster(StateDir):
                     nodes.bootstrap(self, topo, bins.kwok_crds, say)
             nodes.wait_ready(self, topo, timeout=max(10.0, timeout - (time.monotonic() - started)))
             say(f"{len(topo.nodes)} nodes Ready after {time.monotonic() - started:.1f} s")
-            from ..fakegpu import monitoring
             from ..fakegpu import operator as gpu_operator
 
             # The stack's pods live on across a restart of the node agent (it adopts
             # them), so their Ready conditions from before it still hold.
             gpu_operator.install(self.kubeconfig, say)
-            from ..fakegpu import custommetrics
-
-            # Once the monitoring add-on serves custom.metrics.k8s.io, a restart leaves it the API.
-            client = api.Client(self.kubeconfig)
-            taken = any(addons.owns_api_service(client, f"{v}.{custommetrics.GROUP}") for v in ("v1beta1", "v1beta2"))
-            monitoring.install(self.kubeconfig, self.pki, ports["custom-metrics"], say, register=not taken)
+            drop_legacy_adapter(api.Client(self.kubeconfig), say)
             if "kube-proxy" in wanted:
                 # After the GPU Operator: its pod is placed by the scheduler as on a cluster without DNS yet,
                 # so where the lessons show it does not depend on where CoreDNS landed.
@@ -235,7 +250,7 @@ class EmbeddedCluster(StateDir):
     def _ports(self, previous: dict[str, int], running: dict[str, int]) -> dict[str, int]:
         owner = {"etcd-client": "etcd", "etcd-peer": "etcd", "apiserver": "kube-apiserver",
                  "controller-manager": "kube-controller-manager", "scheduler": "kube-scheduler",
-                 "kwok": "kwok", "custom-metrics": "node-agent", "resource-metrics": "node-agent",
+                 "kwok": "kwok", "resource-metrics": "node-agent",
                  "metrics-server": "metrics-server", "egress": "node-agent"}
         ports: dict[str, int] = {}
         for key in PORTS:
@@ -309,10 +324,11 @@ class EmbeddedCluster(StateDir):
                 f"--kubelet-client-certificate={p / 'apiserver-kubelet-client.crt'}",
                 f"--kubelet-client-key={p / 'apiserver-kubelet-client.key'}",
                 "--kubelet-preferred-address-types=InternalIP,Hostname",
-                # Aggregation layer (custom metrics APIService). Aggregator
-                # routing stays off: it would dial Service endpoints, while an
-                # ExternalName Service lets an extension server on 127.0.0.1
-                # be reached the way kwokctl reaches metrics-server.
+                # Aggregation layer (metrics-server's APIService; prometheus-adapter's
+                # once the monitoring add-on is installed). Aggregator routing stays
+                # off: it would dial Service endpoints, while an ExternalName Service
+                # lets an extension server on 127.0.0.1 be reached the way kwokctl
+                # reaches metrics-server.
                 f"--requestheader-client-ca-file={p / 'ca.crt'}",
                 "--requestheader-allowed-names=front-proxy-client",
                 "--requestheader-username-headers=X-Remote-User",

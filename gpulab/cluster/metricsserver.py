@@ -5,7 +5,7 @@ runs as one more component of the embedded cluster, on 127.0.0.1. It is an
 extension API server: the apiserver's aggregation layer forwards
 ``metrics.k8s.io`` to it through the APIService ``v1beta1.metrics.k8s.io``
 and an ExternalName Service (``kube-system/metrics-server`` -> localhost), the
-way the custom metrics adapter is reached (:mod:`gpulab.fakegpu.monitoring`).
+way kwokctl reaches it.
 
 It scrapes every node's resource metrics as it scrapes kubelets: at the
 node's InternalIP, on ``--kubelet-port`` (the node agent's

@@ -11,6 +11,11 @@ The page is written by ``prometheus_client`` (a collector on a private
 registry, never the global one) and read back by its parser, as Prometheus
 and prometheus-adapter read dcgm-exporter's. Its text is the client's: label
 names in sorted order and values as Go prints floats (``0.0``, ``75.0``).
+
+:func:`scrape_all` reads every embedded exporter's page from the host (their pods
+publish its address in the ``gpulab.io/metrics-endpoint`` annotation): what
+``gpulab metrics`` prints and the lessons' ``dcgm_metrics()`` shows;
+:func:`prometheus_targets` is the scrape config for a Prometheus of one's own.
 """
 
 from __future__ import annotations
@@ -18,13 +23,22 @@ from __future__ import annotations
 import http.server
 import socket
 import threading
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Iterator, Protocol
 
+import yaml
 from prometheus_client.exposition import generate_latest
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import CollectorRegistry
 
+from ..kube import api
+from ..kube.names import METRICS_ANNOTATION, OPERATOR_NAMESPACE
+
+#: The exporter pods of the GPU Operator's DaemonSet.
+EXPORTER_SELECTOR = "app=nvidia-dcgm-exporter"
 
 
 class MetricsView(Protocol):
@@ -185,3 +199,49 @@ def serve(node: MetricsView, address: tuple[str, int] | socket.socket,
     threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.5}, daemon=True,
                      name=thread_name).start()
     return server
+
+
+# --------------------------------------------------------------------------- scraping from the host
+
+
+def exporter_endpoints(client: api.Client) -> dict[str, str]:
+    """Node name -> metrics URL of each running DCGM exporter."""
+    out = {}
+    for pod in client.list("Pod", OPERATOR_NAMESPACE, label_selector=EXPORTER_SELECTOR):
+        url = (pod["metadata"].get("annotations") or {}).get(METRICS_ANNOTATION)
+        node = (pod.get("spec") or {}).get("nodeName")
+        if url and node and (pod.get("status") or {}).get("phase") == "Running":
+            out[node] = url
+    return out
+
+
+def _fetch(url: str, timeout: float) -> str:
+    with urllib.request.urlopen(url, timeout=timeout) as resp:  # noqa: S310 (127.0.0.1 only)
+        return resp.read().decode()
+
+
+def scrape_all(client: api.Client, timeout: float = 2.0) -> dict[str, str]:
+    """Node name -> the exporter's page (an exporter that does not answer is left out)."""
+    endpoints = exporter_endpoints(client)
+    pages: dict[str, str] = {}
+    if not endpoints:
+        return pages
+    with ThreadPoolExecutor(max_workers=min(8, len(endpoints))) as pool:
+        futures = {node: pool.submit(_fetch, url, timeout) for node, url in endpoints.items()}
+        for node, fut in futures.items():
+            try:
+                pages[node] = fut.result()
+            except (OSError, urllib.error.URLError):
+                continue
+    return pages
+
+
+def prometheus_targets(client: api.Client) -> str:
+    """A Prometheus scrape config (static targets) for every DCGM exporter, as YAML."""
+    targets = []
+    for node, url in sorted(exporter_endpoints(client).items()):
+        host = url.split("//", 1)[1].split("/", 1)[0]
+        targets.append({"targets": [host], "labels": {"node": node}})
+    config = {"scrape_configs": [{"job_name": "gpulab-dcgm-exporter", "scrape_interval": "5s",
+                                  "metrics_path": "/metrics", "static_configs": targets}]}
+    return yaml.safe_dump(config, sort_keys=False)

@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from ..kube import api
-from ..kube.names import OPERATOR_COMPONENT
+from ..kube.names import METRICS_ANNOTATION, OPERATOR_COMPONENT
 from ..runtime import programs
 from ..runtime.network import NetworkError
 from . import cudaerrors, nvidiasmi
@@ -65,7 +65,6 @@ MIG_MANAGER_IMAGE = "nvcr.io/nvidia/cloud-native/k8s-mig-manager"
 VALIDATOR_IMAGE = "nvcr.io/nvidia/cloud-native/gpu-operator-validator"
 DCGM_EXPORTER_IMAGE = "nvcr.io/nvidia/k8s/dcgm-exporter"
 
-METRICS_ANNOTATION = "gpulab.io/metrics-endpoint"
 VALIDATIONS_DIR = "/run/nvidia/validations"
 #: The CUDA runtime the validator's vectorAdd sample is built with.
 VALIDATOR_CUDA_RUNTIME = "12.8"

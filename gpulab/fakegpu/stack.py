@@ -119,11 +119,10 @@ class GpuStack:
         self.gpu_nodes: dict[str, GpuNode] = {}
         for spec in self._topology().gpu_nodes:
             self.gpu_nodes[spec.name] = GpuNode(self, spec, self.cluster_dir)
-        from . import monitoring, operands, operator
+        from . import operands, operator
 
         operands.register(self)
         operator.register(self)
-        monitoring.register(self)
 
     def _topology(self):
         return StateDir(self.cluster_dir).topology()

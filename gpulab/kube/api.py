@@ -108,11 +108,24 @@ class ApiError(Exception):
         super().__init__(f"{status}: {self.message}")
 
 
+def load_configuration(kubeconfig: Path | str) -> kubernetes.client.Configuration:
+    """The kubeconfig's server and credentials as the official client reads them: ``host``, and the
+    certificate, key and CA as files (``cert_file``, ``key_file``, ``ssl_ca_cert``; embedded data is written
+    out) or a bearer token (``api_key["BearerToken"]``). What every client of the apiserver authenticates with."""
+    cfg = kubernetes.client.Configuration()
+    kubernetes.config.load_kube_config(config_file=str(kubeconfig), client_configuration=cfg)
+    return cfg
+
+
+def token_header(cfg: kubernetes.client.Configuration) -> dict[str, str]:
+    """The ``Authorization`` header of a token kubeconfig (a pod's service account); certificate ones have none."""
+    token = cfg.api_key.get("BearerToken")
+    return {"Authorization": token} if token else {}
+
+
 class Client:
     def __init__(self, kubeconfig: Path | str, timeout: float = 30):
-        cfg = kubernetes.client.Configuration()
-        kubernetes.config.load_kube_config(config_file=str(kubeconfig), client_configuration=cfg)
-        self._api = kubernetes.client.ApiClient(cfg)
+        self._api = kubernetes.client.ApiClient(load_configuration(kubeconfig))
         # The generated client's REST layer is bypassed; its urllib3 pool
         # already carries the kubeconfig's TLS material.
         self._pool = self._api.rest_client.pool_manager
@@ -141,11 +154,7 @@ class Client:
         return p
 
     def _auth(self, headers: dict[str, str]) -> dict[str, str]:
-        """Add the bearer token of a token kubeconfig (a pod's service account); certificate ones have none."""
-        token = self._api.configuration.api_key.get("BearerToken")
-        if token:
-            headers["Authorization"] = token
-        return headers
+        return {**headers, **token_header(self._api.configuration)}
 
     def _url(self, path: str, query: dict[str, Any] | None) -> str:
         url = self._api.configuration.host + path

@@ -59,6 +59,9 @@ MIG_CONFIG_STATE_LABEL = "nvidia.com/mig.config.state"
 # The node agent's record, on a pod, of the devices it was allocated.
 ALLOCATED_DEVICES_ANNOTATION = "gpulab.io/allocated-devices"
 
+# On an embedded DCGM exporter's pod: the URL of its /metrics on the host (what `gpulab metrics` scrapes).
+METRICS_ANNOTATION = "gpulab.io/metrics-endpoint"
+
 # The GPU Operator as a component: the source of its Events, its field manager, the
 # app.kubernetes.io/managed-by of what it creates.
 OPERATOR_COMPONENT = "gpu-operator"

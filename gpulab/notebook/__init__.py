@@ -53,7 +53,7 @@ The package has one module per noun; each imports only the ones listed before it
 - ``gpus``: ``gpu_allocation``, ``nodes``, ``gpu_pods``;
 - ``plots``: the ``plot_*`` figures, matplotlib and CJK fonts (imported when a figure is drawn);
 - ``timeline``: ``watch_pods``; ``hpa``: ``watch_hpa``; ``metrics``: ``dcgm_metrics``,
-  ``custom_metrics``; ``usage``: ``usage_report``, ``wait_usage_sample``.
+  ``custom_metrics``; ``usage``: ``usage_report``, ``wait_scrape`` (PromQL over the monitoring add-on).
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ from .service import endpoints
 from .shell import REPO, CommandFailed, Output, have, sh
 from .table import Table
 from .timeline import Timeline, watch_pods
-from .usage import UsageReport, usage_report, wait_usage_sample
+from .usage import UsageReport, usage_report, wait_scrape
 from .wait import wait_for
 
 __all__ = [
@@ -90,5 +90,5 @@ __all__ = [
     # checking
     "expect", "show_quiz", "Changes", "GPU", "REPO",
     # monitoring and cost
-    "dcgm_metrics", "custom_metrics", "watch_hpa", "HpaTimeline", "usage_report", "UsageReport", "wait_usage_sample",
+    "dcgm_metrics", "custom_metrics", "watch_hpa", "HpaTimeline", "usage_report", "UsageReport", "wait_scrape",
 ]

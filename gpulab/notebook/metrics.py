@@ -19,9 +19,9 @@ DCGM_COLUMNS = {"DCGM_FI_DEV_GPU_UTIL": "GPU_UTIL %", "DCGM_FI_PROF_GR_ENGINE_AC
 
 def dcgm_metrics(node: str | None = None, pod_only: bool = False) -> Table:
     """One row per GPU (or MIG instance) from the DCGM exporters' pages, as Prometheus would scrape them."""
-    from ..fakegpu import dcgm, monitoring
+    from ..fakegpu import dcgm
 
-    pages = monitoring.scrape_all(current().kube)
+    pages = dcgm.scrape_all(current().kube)
     rows: dict[tuple[str, str, str], dict[str, Any]] = {}
     for name in sorted(pages):
         if node is not None and name != node:
@@ -44,8 +44,9 @@ def dcgm_metrics(node: str | None = None, pod_only: bool = False) -> Table:
 def custom_metrics(metric: str = "DCGM_FI_DEV_GPU_UTIL", namespace: str | None = None) -> Table:
     """Per-pod values of ``metric`` as the HPA controller reads them: from custom.metrics.k8s.io via the apiserver.
 
-    Empty while the API does not serve ``metric`` (yet): prometheus-adapter answers 404 for a metric it has not
-    listed, until its next relist finds the series."""
+    Empty while the API does not serve ``metric`` (yet): without the monitoring add-on nothing serves
+    custom.metrics.k8s.io, and prometheus-adapter answers 404 for a metric it has not listed, until its next
+    relist finds the series."""
     ns = namespace or current().namespace
     try:
         body = current().kube.request("GET", f"/apis/custom.metrics.k8s.io/v1beta2/namespaces/{ns}/pods/*/{metric}")

@@ -27,7 +27,7 @@ HEADINGS = {
     "FB_FREE MiB": "空闲显存", "TEMP °C": "温度", "POWER W": "功率",
     "NAMESPACE": "命名空间", "GPUS NOW": "当前持有 GPU", "IDLE NOW": "当前闲置",
     "GPU-H ALLOCATED": "分配 GPU 小时", "GPU-H COMPUTING": "计算 GPU 小时", "GPU-H IDLE": "闲置 GPU 小时",
-    "EFFICIENCY": "效率", "QUOTA requests.nvidia.com/gpu": "配额",
+    "EFFICIENCY": "效率", "QUOTA requests.nvidia.com/gpu": "配额", "QUERY": "查询", "PROMQL": "查询语句",
     # columns lessons build their own tables with
     "LABEL": "标签", "GPU SEEN": "看到的 GPU", "ASKED (MiB)": "申请的显存", "USED (MiB)": "已用显存",
     "TOTAL (MiB)": "总显存", "LAST LOG LINE": "最后一行日志",

@@ -1,4 +1,8 @@
-"""GPU usage over time: samples recorded by the monitoring stack, reports and pictures from them."""
+"""GPU usage over time, from Prometheus (the monitoring add-on): reports and pictures.
+
+:func:`collect` asks the add-on's Prometheus (:mod:`.prometheus`) the queries of :mod:`.report` over a
+window and the API for the scheduler's preemptions; :mod:`.plots` draws what it got.
+"""
 
 from __future__ import annotations
 
@@ -6,10 +10,11 @@ import time
 from pathlib import Path
 
 from ..kube import api
-from .report import Report, build
-from .samples import Store, store_path
+from . import prometheus, report
+from .prometheus import PrometheusError, PrometheusUnavailable
+from .report import Preemption, Report
 
-__all__ = ["Report", "collect", "parse_since"]
+__all__ = ["PrometheusError", "PrometheusUnavailable", "Report", "collect", "parse_since", "preemptions"]
 
 
 def parse_since(text: str) -> float:
@@ -28,12 +33,34 @@ def parse_since(text: str) -> float:
     return seconds
 
 
-def collect(cluster_dir: Path, client: api.Client, since: float | None = None,
-            namespace: str | None = None) -> Report:
-    """The report of the last ``since`` seconds (all recorded history when None)."""
-    now = time.time()
-    snaps = Store(store_path(cluster_dir)).read(since=None if since is None else now - since)
-    quotas = client.list("ResourceQuota", namespace)
+def preemptions(client: api.Client, namespace: str | None = None, since: float | None = None) -> list[Preemption]:
+    """The pods kube-scheduler preempted (in ``namespace``; since ``since``, seconds since the epoch)."""
     events = client.list("Event", namespace, field_selector="reason=Preempted")
-    pods = client.list("Pod", namespace)
-    return build(snaps, quotas=quotas, events=events, pods=pods, namespace=namespace, now=now)
+    return report.preemptions(events, client.list("Pod", namespace), since=since)
+
+
+def collect(kubeconfig: Path | str, since: float, namespace: str | None = None, end: float | None = None) -> Report:
+    """The report of the ``since`` seconds before ``end`` (now when None), for ``namespace`` alone when given.
+
+    Raises :class:`PrometheusUnavailable` when there is no Prometheus to ask (its message says to run
+    ``gpulab addon install monitoring``), :class:`PrometheusError` when a query fails, and
+    :class:`gpulab.kube.api.ApiError` when the API does not answer.
+    """
+    prom = prometheus.connect(kubeconfig)
+    try:
+        end = time.time() if end is None else end
+        window = max(1, round(since))
+        step = report.step_for(window)
+        start = end - window
+        promql = report.queries(window, step)
+        results = {name: prometheus.query(prom, name, promql[name], at=end) for name in report.INSTANT_QUERIES}
+        # The pictures' steps fall where the subqueries' do: on the multiples of `step` in (start, end].
+        last = int(end // step) * step
+        first = min(last, (int(start // step) + 1) * step)
+        results |= {name: prometheus.query_range(prom, name, promql[name], first, last, step)
+                    for name in report.RANGE_QUERIES}
+    finally:
+        prom.close()
+    preempted = preemptions(api.Client(kubeconfig), namespace, since=start)
+    return report.build(results, start, end, step, queries=promql, preempted=preempted, namespace=namespace)
+

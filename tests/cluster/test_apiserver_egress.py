@@ -4,7 +4,7 @@ The apiserver is a host process and the pod network gpulab's own namespace. With
 ``--egress-selector-config-file`` (egress ``cluster``: HTTP CONNECT over the node agent's unix socket)
 whatever it dials in the cluster goes through the node agent: ``pods/proxy`` and ``services/proxy`` into the
 pod network, and on the host's loopback KWOK's kubelet API (logs, exec) and the aggregated APIs behind
-``localhost`` ExternalName Services (metrics-server, the custom metrics adapter).
+``localhost`` ExternalName Services (metrics-server).
 """
 
 from __future__ import annotations
@@ -94,9 +94,7 @@ def test_logs_exec_and_the_aggregated_apis_still_work(kube, kubectl, ns):
     # KWOK's kubelet API at the node's InternalIP (127.0.0.1), through the egress on the host's side.
     assert "Started HTTP server on port 8080" in kubectl("-n", ns, "logs", "netexec").stdout
     assert kubectl("-n", ns, "exec", "netexec", "--", "hostname").stdout.strip() == "netexec"
-    # The aggregator reaches its APIServices' `localhost` ExternalName Services the same way.
-    custom = json.loads(raw(kubectl, "/apis/custom.metrics.k8s.io/v1beta2").stdout)
-    assert custom["groupVersion"] == "custom.metrics.k8s.io/v1beta2" and custom["resources"]
+    # The aggregator reaches metrics-server behind its `localhost` ExternalName Service the same way.
     nodes = wait_for(lambda: (p := raw(kubectl, "/apis/metrics.k8s.io/v1beta1/nodes", check=False)).returncode == 0
                      and json.loads(p.stdout)["items"], 90, interval=2, what="metrics-server's node metrics")
     assert {n["metadata"]["name"] for n in nodes} == {n["metadata"]["name"] for n in kube.list("Node")}

@@ -59,7 +59,7 @@ from gpulab.cluster.processes import free_port
 from gpulab.fakegpu import daemon, faults, gfd, mig
 from gpulab.fakegpu.deviceplugin.kubelet import DeviceManager
 from gpulab.fakegpu.node import NodeStatusWriter
-from gpulab.fakegpu.operands import METRICS_ANNOTATION
+from gpulab.kube.names import METRICS_ANNOTATION
 from gpulab.kube import api
 from gpulab.kube import topology as topo_mod
 

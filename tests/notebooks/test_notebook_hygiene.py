@@ -381,9 +381,9 @@ def test_one_clean_run_bites(change, problem):
 
 
 def test_foreign_namespaces_derives_what_the_notebook_created(tmp_path):
-    (tmp_path / "manifests" / "monitoring").mkdir(parents=True)
-    (tmp_path / "manifests" / "monitoring" / "ns.yaml").write_text(
-        "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: custom-metrics\n")
+    (tmp_path / "manifests" / "addons" / "monitoring").mkdir(parents=True)
+    (tmp_path / "manifests" / "addons" / "monitoring" / "ns.yaml").write_text(
+        "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: monitoring\n")
     (tmp_path / "manifests" / "05-x").mkdir()
     (tmp_path / "manifests" / "05-x" / "teams.yaml").write_text(
         "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: team-blue\n---\n"
@@ -392,7 +392,7 @@ def test_foreign_namespaces_derives_what_the_notebook_created(tmp_path):
         'from gpulab.notebook import *\n\nlab = setup("05-x",\n            extra_namespaces=["lesson-05-team-a"])',
         "$ kubectl -n gpu-operator get pods\n",
         "NAMESPACE         NAME    READY\nlesson-05         train   1/1\nlesson-05-team-a  eval    1/1\n"
-        "custom-metrics    adapter 1/1\nteam-blue         p       1/1\nqa                q       1/1\n\nfoo bar\n",
+        "monitoring        prometheus 1/1\nteam-blue         p       1/1\nqa                q       1/1\n\nfoo bar\n",
         "namespace/qa created\n↩ 删除了命名空间 lesson-05\n",
         '{"metadata": {"namespace": "kube-system"}}\n',
         sources=("apply('manifests/05-x/teams.yaml')", "!kubectl create namespace qa"))

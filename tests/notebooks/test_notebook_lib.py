@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
 import types
 
 import pytest
@@ -429,25 +427,35 @@ def _cjk_figures(monkeypatch):
 
 
 def _fake_usage_report():
-    """A usage report of 4 samples: lesson-07 holds gpu0 at 50 %, two namespaces share gpu1 idle."""
-    from gpulab.kube.names import ALLOCATED_DEVICES_ANNOTATION
-    from gpulab.usage import report, samples
+    """A usage report of 4 steps, as Prometheus answers its queries: lesson-07 holds gpu0 at 50 %, gpu1 is
+    time-sliced between two namespaces (in use, DCGM names no pod) and computes nothing."""
+    from gpulab.usage import report
 
-    def gpu(index: int, util: float, holder: tuple[str, str] | None) -> list:
-        labels = {"gpu": str(index), "UUID": f"GPU-{index}", "modelName": "NVIDIA H100 80GB HBM3",
-                  "Hostname": "gpu-node-1"} | ({"namespace": holder[0], "pod": holder[1], "container": "main"}
-                                                if holder else {})
-        return [("DCGM_FI_DEV_GPU_UTIL", labels, util), ("DCGM_FI_DEV_FB_USED", labels, 1000.0),
-                ("DCGM_FI_DEV_FB_FREE", labels, 80559.0)]
+    t = [1_800_000_000.0 + 5 * i for i in range(4)]
 
-    pods = [{"metadata": {"namespace": ns, "name": name, "uid": name, "annotations": {
-        ALLOCATED_DEVICES_ANNOTATION: json.dumps({"main": {"nvidia.com/gpu": [f"GPU-1::{i}"]}})}},
-        "status": {"phase": "Running"}} for i, (ns, name) in enumerate((("lesson-07", "dev"), ("team-b", "nb")))]
-    snaps = [samples.snapshot(t, gpu(0, 50, ("lesson-07", "train")) + gpu(1, 0, None), pods)
-             for t in (0.0, 5.0, 10.0, 15.0)]
+    def rows(*items):
+        return [{"metric": labels, "value": [t[-1], str(v)]} for labels, v in items]
+
+    def over_time(labels, value):
+        return {"metric": labels, "values": [[x, str(value)] for x in t]}
+
+    gpu0, gpu1 = {"node": "gpu-node-1", "gpu": "0"}, {"node": "gpu-node-1", "gpu": "1"}
+    h100 = {"node": "gpu-node-1", "modelName": "NVIDIA H100 80GB HBM3"}
+    results = {
+        "gpus_now": rows(({"namespace": "lesson-07", "node": "gpu-node-1", "resource": "nvidia_com_gpu"}, 1),
+                         ({"namespace": "team-b", "node": "gpu-node-1", "resource": "nvidia_com_gpu"}, 0.5)),
+        "allocated_h": rows(({"namespace": "lesson-07", "node": "gpu-node-1", "resource": "nvidia_com_gpu"}, 0.0167),
+                            ({"namespace": "team-b", "node": "gpu-node-1", "resource": "nvidia_com_gpu"}, 0.0083)),
+        "computing_h": rows(({**h100, "namespace": "lesson-07"}, 0.0083), (h100, 0)),
+        "gpu_nodes": rows((h100, 1)),
+        "scrapes": rows(({}, 4)),
+        "utilization": [over_time(gpu0, 50), over_time(gpu1, 0)],
+        "holders": [over_time({**gpu0, "namespace": "lesson-07"}, 1000), over_time(gpu1, 2000)],
+    }
     events = [{"reason": "Preempted", "involvedObject": {"namespace": "team-b", "name": "batch"},
                "message": "Preempted by pod uid-x on node gpu-node-1", "lastTimestamp": "2026-12-04T10:00:00Z"}]
-    return nb.UsageReport(report.build(snaps, events=events))
+    return nb.UsageReport(report.build(results, t[0] - 5, t[-1], 5, queries=report.queries(20, 5),
+                                       preempted=report.preemptions(events, [])))
 
 
 def test_every_plot_draws_all_its_text_with_the_cjk_font(monkeypatch):
@@ -489,6 +497,11 @@ def test_a_usage_report_reads_in_chinese_and_keeps_the_numbers_of_gpulab_report(
     row = usage.namespace("lesson-07")
     assert f"{row.allocated_h:.3f}" in text and f"{row.allocated_h:.3f}" in cli
     assert "GPU usage since" in cli and "GPU 用量" not in cli
+    # The PromQL behind the numbers, each query named in the chapter's terms.
+    queries = usage.queries()
+    assert queries.columns == ["QUERY", "PROMQL"] and len(queries) == len(usage.report.queries)
+    assert any(r["QUERY"] == "分配的 GPU 小时（allocated_h）" and "kube_pod_container_resource_requests" in r["PROMQL"]
+               for r in queries)
 
 
 def test_a_figure_not_made_by_new_figure_is_drawn_with_the_cjk_font_too():

@@ -16,7 +16,7 @@ from gpulab.fakegpu import devicemap
 from gpulab.fakegpu import gfd, mig
 from gpulab.hardware.models import get_model, gpu_uuid, mig_uuid
 from gpulab.kube import topology
-from gpulab.usage import report, samples
+from gpulab.usage import report
 
 # Step "use it in a topology": a pool of the new model, by its key.
 TOPOLOGY = """\
@@ -116,28 +116,26 @@ def test_gfd_labels_the_1g_6gb_instances(node):
     assert (single["nvidia.com/gpu.product"], single["nvidia.com/gpu.count"]) == ("NVIDIA-A30-MIG-1g.6gb", "8")
 
 
-def _dcgm(node, gpu: int, gi: int, profile: str, active: float, pod: str | None) -> list[samples.Sample]:
-    """One MIG device's series with the labels dcgm.py writes (modelName: the product name)."""
-    model = get_model(node.gpu_model)
-    labels = {"gpu": str(gpu), "UUID": gpu_uuid(node.name, gpu), "modelName": model.product_name,
-              "Hostname": node.name, "GPU_I_PROFILE": profile, "GPU_I_ID": str(gi)}
-    if pod:
-        labels |= {"namespace": "team", "pod": pod, "container": "main"}
-    memory = model.mig_profile(profile).memory_mib
-    return [("DCGM_FI_PROF_GR_ENGINE_ACTIVE", labels, active), ("DCGM_FI_DEV_FB_USED", labels, 0.0),
-            ("DCGM_FI_DEV_FB_FREE", labels, float(memory))]
+def _instance(node, gi: int, profile: str) -> dict[str, str]:
+    """The labels a MIG instance's DCGM series carry in Prometheus (modelName: the product name)."""
+    return {"node": node.name, "gpu": "0", "UUID": gpu_uuid(node.name, 0), "Hostname": node.name,
+            "modelName": get_model(node.gpu_model).product_name, "GPU_I_PROFILE": profile, "GPU_I_ID": str(gi)}
 
 
 def test_usage_counts_a_1g_6gb_as_a_quarter_of_a_gpu(node):
     layout = get_model(node.gpu_model).layout("all-1g.6gb")
-    page = [series for s in layout.slices
-            for series in _dcgm(node, 0, s.gi_id, s.name, 1.0, f"infer-{s.gi_id}" if s.gi_id == 3 else None)]
-    snap = samples.snapshot(0.0, page, [])
-    assert {d.key: d.weight for d in snap.devices} == {
-        f"{node.name}/gpu0/mig{gi}-1g.6gb": 0.25 for gi in (3, 4, 5, 6)}
-    assert sum(d.weight for d in snap.devices) == 1.0  # four quarters: one card
-    # One pod on one 1g.6gb for an hour (two samples 30 min apart) is a quarter of a GPU-hour.
-    r = report.build([samples.snapshot(t, page, []) for t in (0.0, 1800.0)])
+    model = get_model(node.gpu_model).product_name
+    assert sum(report.mig_resource_share(model, "nvidia_com_mig_1g_6gb") for _ in layout.slices) == 1.0  # one card
+    # One pod on one 1g.6gb (mixed strategy), computing flat out for an hour, as Prometheus sums it up.
+    busy = [s for s in layout.slices if s.gi_id == 3]
+    hour = {"namespace": "team", "node": node.name, "resource": "nvidia_com_mig_1g_6gb"}
+    r = report.build({
+        "allocated_h": [{"metric": hour, "value": [0, "1"]}],
+        "gpus_now": [{"metric": hour, "value": [0, "1"]}],
+        "computing_h": [{"metric": {**_instance(node, s.gi_id, s.name), "namespace": "team"}, "value": [0, "1"]}
+                        for s in busy],
+        "gpu_nodes": [{"metric": {"node": node.name, "modelName": model}, "value": [0, "1"]}],
+    }, 0.0, 3600.0, 5)
     [team] = r.namespaces
     assert team.allocated_h == pytest.approx(0.25) and team.computing_h == pytest.approx(0.25)
     assert r.nodes[0].gpus_now == pytest.approx(0.25)

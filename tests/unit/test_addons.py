@@ -48,3 +48,26 @@ def test_an_unknown_add_on_is_refused_with_the_ones_there_are():
     with pytest.raises(addons.AddonError) as e:
         addons.documents("grafana")
     assert "unknown add-on 'grafana'" in str(e.value) and "monitoring" in str(e.value)
+
+
+def test_the_usage_report_asks_the_add_ons_prometheus_for_what_it_scrapes():
+    """gpulab report's PromQL (gpulab/usage) reads the add-on's Prometheus Service, its DCGM and
+    kube-state-metrics jobs, and kube-state-metrics' pod, node and quota metrics."""
+    import yaml
+
+    from gpulab.usage import prometheus
+
+    docs = addons.documents("monitoring")
+    service = next(d for d in docs if d["kind"] == "Service" and d["metadata"]["name"] == prometheus.SERVICE)
+    assert service["metadata"]["namespace"] == prometheus.NAMESPACE
+    assert [p["port"] for p in service["spec"]["ports"]] == [prometheus.PORT]
+    config = yaml.safe_load(next(d for d in docs if d["metadata"]["name"] == "prometheus-config")["data"]["prometheus.yml"])
+    assert config["global"]["scrape_interval"] == f"{prometheus.SCRAPE_INTERVAL}s"
+    jobs = {j["job_name"]: j for j in config["scrape_configs"]}
+    assert jobs[prometheus.KUBE_STATE_METRICS_JOB]["honor_labels"] is True
+    # The DCGM series' `node` is the exporter pod's node (the report joins it with kube-state-metrics' `node`).
+    assert {"source_labels": ["__meta_kubernetes_pod_node_name"], "target_label": "node"} in \
+        jobs[prometheus.DCGM_JOB]["relabel_configs"]
+    ksm = next(d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "kube-state-metrics")
+    [resources] = [a for a in ksm["spec"]["template"]["spec"]["containers"][0]["args"] if a.startswith("--resources=")]
+    assert {"pods", "nodes", "resourcequotas"} <= set(resources.split("=", 1)[1].split(","))

@@ -1,176 +1,259 @@
-"""Usage samples, their store and the report built from them (no cluster)."""
+"""The usage report from Prometheus' answers (no cluster): its queries, its arithmetic, its pictures, its errors.
+
+The results here are what Prometheus' HTTP API returns for the report's queries (``data.result``), written
+by hand: the arithmetic from results to GPU-hours is a pure function (``report.build``).
+"""
 
 from __future__ import annotations
 
 import json
+import socket
+import textwrap
+from datetime import datetime, timezone
 
 import pytest
+from click.testing import CliRunner
 
-from gpulab.kube.names import ALLOCATED_DEVICES_ANNOTATION
-from gpulab import usage
-from gpulab.usage import plots, report, samples
+from gpulab import cli, usage
+from gpulab.usage import plots, prometheus, report
 
 H100 = "NVIDIA H100 80GB HBM3"
+END = 1_800_000_000.0
 
 
-def _gpu(node: str, gpu: int, uuid: str, util: float, used: float, pod: tuple[str, str] | None = None,
-         total: float = 81559) -> list[samples.Sample]:
-    labels = {"gpu": str(gpu), "UUID": uuid, "modelName": H100, "Hostname": node}
-    if pod:
-        labels |= {"namespace": pod[0], "pod": pod[1], "container": "main"}
-    return [("DCGM_FI_DEV_GPU_UTIL", labels, util), ("DCGM_FI_DEV_FB_USED", labels, used),
-            ("DCGM_FI_DEV_FB_FREE", labels, total - used), ("DCGM_FI_DEV_GPU_TEMP", labels, 40.0)]
+def vector(*rows: tuple[dict[str, str], float]) -> list[dict]:
+    """An instant query's result."""
+    return [{"metric": labels, "value": [END, repr(float(value))]} for labels, value in rows]
 
 
-def _mig(node: str, uuid: str, gi: str, profile: str, active: float, pod: tuple[str, str] | None) -> list:
-    labels = {"gpu": "0", "UUID": uuid, "modelName": H100, "Hostname": node, "GPU_I_PROFILE": profile,
-              "GPU_I_ID": gi}
-    if pod:
-        labels |= {"namespace": pod[0], "pod": pod[1], "container": "main"}
-    gpu_level = {"gpu": "0", "UUID": uuid, "modelName": H100, "Hostname": node}
-    return [("DCGM_FI_PROF_GR_ENGINE_ACTIVE", labels, active), ("DCGM_FI_DEV_FB_USED", labels, 100.0),
-            ("DCGM_FI_DEV_FB_FREE", labels, 9000.0), ("DCGM_FI_DEV_GPU_TEMP", gpu_level, 33.0)]
+def matrix(*rows: tuple[dict[str, str], list[tuple[float, float]]]) -> list[dict]:
+    """A range query's result."""
+    return [{"metric": labels, "values": [[t, repr(float(v))] for t, v in points]} for labels, points in rows]
 
 
-def _pod(ns: str, name: str, devices: dict[str, list[str]], phase: str = "Running") -> dict:
-    return {"metadata": {"namespace": ns, "name": name, "uid": f"uid-{name}",
-                         "annotations": {ALLOCATED_DEVICES_ANNOTATION: json.dumps({"main": devices})}},
-            "status": {"phase": phase}}
+def held(ns: str, node: str, value: float, resource: str = "nvidia_com_gpu") -> tuple[dict[str, str], float]:
+    """A row of GPUS_NOW / ALLOCATED_H (by namespace, node, resource)."""
+    return {"namespace": ns, "node": node, "resource": resource}, value
 
 
-def test_snapshot_names_holders_of_exclusive_time_sliced_and_mig_devices():
-    page = (_gpu("n1", 0, "GPU-a", 80, 16384, ("team-a", "llm-1"))
-            + _gpu("n1", 1, "GPU-b", 30, 8000)                       # time-sliced: DCGM names nobody
-            + _gpu("n2", 0, "GPU-c", 0, 0)                            # free
-            + _mig("n3", "GPU-d", "7", "1g.10gb", 0.5, ("team-b", "infer-1"))
-            + _mig("n3", "GPU-d", "8", "3g.40gb", 0.0, None))
-    pods = [_pod("dev", "nb-1", {"nvidia.com/gpu": ["GPU-b::0"]}),
-            _pod("dev", "nb-2", {"nvidia.com/gpu": ["GPU-b::1"]}),
-            _pod("dev", "done", {"nvidia.com/gpu": ["GPU-c"]}, phase="Succeeded")]
-    snap = samples.snapshot(100.0, page, pods)
-    by_key = {d.key: d for d in snap.devices}
-    assert list(by_key) == ["n1/gpu0", "n1/gpu1", "n2/gpu0", "n3/gpu0/mig7-1g.10gb", "n3/gpu0/mig8-3g.40gb"]
-    assert by_key["n1/gpu0"].holders == [["team-a", "llm-1"]]
-    assert by_key["n1/gpu0"].fb_used_mib == 16384 and by_key["n1/gpu0"].fb_total_mib == 81559
-    assert by_key["n1/gpu1"].holders == [["dev", "nb-1"], ["dev", "nb-2"]]
-    assert by_key["n2/gpu0"].holders == []  # a finished pod holds nothing
-    mig = by_key["n3/gpu0/mig7-1g.10gb"]
-    assert mig.util == 50.0 and mig.weight == pytest.approx(1 / 7)
-    assert by_key["n3/gpu0/mig8-3g.40gb"].weight == pytest.approx(3 / 7)
+def device(ns: str, node: str, value: float, profile: str = "", model: str = H100) -> tuple[dict[str, str], float]:
+    """A row of COMPUTING_H / IDLE_H / IDLE_NOW (by namespace, node, modelName, GPU_I_PROFILE); "" for no pod."""
+    labels = {"node": node, "modelName": model}
+    if ns:
+        labels["namespace"] = ns
+    if profile:
+        labels["GPU_I_PROFILE"] = profile
+    return labels, value
 
 
-def test_mig_weights_come_from_the_gpus_model():
-    # The same 1g profile size is 1/7 of an H100 and 1/4 of an A30: the weight is the model's, not a constant.
-    a30 = [(n, {**labels, "modelName": "NVIDIA A30"}, v)
-           for n, labels, v in _mig("n4", "GPU-e", "3", "1g.6gb", 0.2, ("t", "small"))
-           + _mig("n4", "GPU-e", "2", "2g.12gb", 0.0, None)]
-    snap = samples.snapshot(0.0, _mig("n3", "GPU-d", "7", "1g.10gb", 0.5, None) + a30, [])
-    weights = {d.key: d.weight for d in snap.devices}
-    assert weights == {"n3/gpu0/mig7-1g.10gb": pytest.approx(1 / 7), "n4/gpu0/mig2-2g.12gb": 0.5,
-                       "n4/gpu0/mig3-1g.6gb": 0.25}
-    assert samples.mig_weight("NVIDIA-A30", "1g.6gb+me") == 0.25
+def quota(ns: str, used: float, hard: float, resource: str = "requests.nvidia.com/gpu") -> list[dict]:
+    base = {"__name__": "kube_resourcequota", "namespace": ns, "resourcequota": "gpu-quota", "resource": resource}
+    return vector(({**base, "type": "used"}, used), ({**base, "type": "hard"}, hard))
 
 
-def test_an_unknown_gpu_model_is_an_error_not_a_guessed_weight():
-    page = [(n, {**labels, "modelName": "NVIDIA Z9"}, v)
-            for n, labels, v in _mig("n3", "GPU-d", "7", "1g.10gb", 0.5, None)]
-    with pytest.raises(ValueError, match=r"MIG device 1g\.10gb \(GPU instance 7\) of GPU GPU-d on n3: "
-                                         r"unknown GPU model 'NVIDIA Z9'; allowed: h100-80gb"):
-        samples.snapshot(0.0, page, [])
-    with pytest.raises(ValueError, match="has no MIG profile '1g.6gb'"):
-        samples.mig_weight(H100, "1g.6gb")
+def nodes(*pairs: tuple[str, str]) -> list[dict]:
+    return vector(*(({"node": n, "modelName": m}, 1) for n, m in pairs))
 
 
-def test_store_round_trips_and_skips_a_torn_line(tmp_path):
-    store = samples.Store(tmp_path / "usage" / "samples.jsonl")
-    for t in (10.0, 20.0, 30.0):
-        store.append(samples.snapshot(t, _gpu("n1", 0, "GPU-a", 50, 1000, ("a", "p")), []))
-    with open(store.path, "a") as f:
-        f.write('{"t": 40, "devi')  # a writer killed mid-line
-    got = store.read(since=15)
-    assert [s.t for s in got] == [20.0, 30.0]
-    assert got[0].devices[0].holders == [["a", "p"]]
+def build(results: dict, **kw) -> report.Report:
+    return report.build(results, END - 3600, END, 5, **kw)
 
 
-def test_store_rotates_instead_of_growing_without_bound(tmp_path):
-    store = samples.Store(tmp_path / "s.jsonl", max_bytes=600)
-    for t in range(10):
-        store.append(samples.snapshot(float(t), _gpu("n1", 0, "GPU-a", 50, 1000), []))
-    assert store.path.stat().st_size <= 600
-    assert (tmp_path / "s.jsonl.1").exists()
-    times = [s.t for s in store.read()]
-    assert times == sorted(times) and times[-1] == 9.0
+def test_every_query_is_promql_with_its_window_and_step_filled_in():
+    queries = report.queries(900, 5)
+    assert set(queries) == set(report.INSTANT_QUERIES) | set(report.RANGE_QUERIES)
+    assert all("$" not in q for q in queries.values())
+    assert queries["allocated_h"].endswith("[900s:5s])) * 5 / 3600")
+    assert "kube_pod_container_resource_requests" in queries["allocated_h"]
+    assert 'kube_pod_status_phase{phase="Running"}' in queries["allocated_h"]
+    assert queries["computing_h"].startswith("sum by (namespace, node, modelName, GPU_I_PROFILE) (sum_over_time(("
+                                             "DCGM_FI_DEV_GPU_UTIL / 100")
+    assert queries["utilization"] == report.UTILIZATION  # range queries have no window of their own
+    # Longer windows, longer steps: at most MAX_STEPS points a series.
+    assert [report.step_for(w) for w in (60, 900, 3600, 7200, 86400)] == [5, 5, 5, 10, 120]
 
 
-def _series(*steps: tuple[float, list]) -> list[samples.Snapshot]:
-    return [samples.snapshot(t, page, pods) for t, page, pods in
-            ((t, page, []) for t, page in steps)]
-
-
-def test_report_adds_up_allocated_computing_and_idle_gpu_hours():
-    # 10 samples 360 s apart = 1 hour: team-a computes at 50 % on one GPU; dev holds one and computes nothing.
-    snaps = _series(*[(i * 360.0, _gpu("n1", 0, "GPU-a", 50, 16384, ("team-a", "llm"))
-                       + _gpu("n1", 1, "GPU-b", 0, 20480, ("dev", "notebook"))) for i in range(10)])
-    quotas = [{"metadata": {"namespace": "team-a", "name": "gpu-quota"},
-               "status": {"hard": {"requests.nvidia.com/gpu": "2"}, "used": {"requests.nvidia.com/gpu": "1"}}}]
-    r = report.build(snaps, quotas=quotas)
+def test_allocated_computing_and_idle_gpu_hours_of_a_busy_and_an_idle_card():
+    # One hour: team-a's pod holds gpu0 and computes at 50 %; dev's holds gpu1 and computes nothing; gpu2 is free.
+    r = build({
+        "gpus_now": vector(held("team-a", "n1", 1), held("dev", "n1", 1)),
+        "allocated_h": vector(held("team-a", "n1", 1.0), held("dev", "n1", 1.0)),
+        "computing_h": vector(device("team-a", "n1", 0.5), device("dev", "n1", 0), device("", "n1", 0)),
+        "idle_h": vector(device("team-a", "n1", 0), device("dev", "n1", 1.0)),
+        "idle_now": vector(device("team-a", "n1", 0), device("dev", "n1", 1)),
+        "quota": quota("team-a", 1, 2),
+        "gpu_nodes": nodes(("n1", H100), ("n2", H100)),
+        "scrapes": vector(({}, 720)),
+    })
     ns = {u.name: u for u in r.namespaces}
-    assert ns["team-a"].allocated_h == pytest.approx(1.0)
-    assert ns["team-a"].computing_h == pytest.approx(0.5)
-    assert ns["team-a"].idle_h == 0 and ns["team-a"].quota == "1/2"
-    assert ns["dev"].allocated_h == pytest.approx(1.0) and ns["dev"].computing_h == 0
-    assert ns["dev"].idle_h == pytest.approx(1.0) and ns["dev"].idle_now == 1
-    node = r.nodes[0]
-    assert (node.name, node.gpus_now, node.idle_now) == ("n1", 2, 1)
+    assert set(ns) == {"team-a", "dev"}
+    assert (ns["team-a"].allocated_h, ns["team-a"].computing_h, ns["team-a"].idle_h) == (1.0, 0.5, 0)
+    assert ns["team-a"].quota == "1/2" and ns["team-a"].efficiency == 0.5
+    assert (ns["dev"].allocated_h, ns["dev"].computing_h, ns["dev"].idle_h, ns["dev"].idle_now) == (1.0, 0, 1.0, 1)
+    # Every GPU node has a row, the one with nothing held too.
+    assert [(u.name, u.gpus_now, u.idle_now) for u in r.nodes] == [("n1", 2, 1), ("n2", 0, 0)]
     assert r.total.efficiency == pytest.approx(0.25)
+    assert r.scrapes == 720
     text = r.text()
     assert "team-a" in text and "1/2" in text and "1 of 2 allocated GPUs idle now" in text
+    assert "720 DCGM exporter scrapes" in text and "every 5 s" in text
 
 
-def test_report_splits_a_shared_gpu_and_weights_mig_slices():
-    pods = [_pod("a", "p1", {"nvidia.com/gpu": ["GPU-b::0"]}), _pod("b", "p2", {"nvidia.com/gpu": ["GPU-b::1"]})]
-    snaps = [samples.snapshot(t, _gpu("n1", 1, "GPU-b", 60, 1000)
-                              + _mig("n3", "GPU-d", "7", "1g.10gb", 1.0, ("c", "infer")), pods)
-             for t in (0.0, 1800.0)]
-    r = report.build(snaps)
+def test_a_time_sliced_card_splits_its_allocation_and_counts_its_computing_for_its_node():
+    # Two pods of two namespaces on one card time-sliced in 2 (UNIT_SHARE made each replica half a GPU):
+    # DCGM names neither, so its 60 % counts for the node, and neither namespace looks idle.
+    r = build({
+        "gpus_now": vector(held("a", "n1", 0.5), held("b", "n1", 0.5)),
+        "allocated_h": vector(held("a", "n1", 0.5), held("b", "n1", 0.5)),
+        "computing_h": vector(device("", "n1", 0.6)),
+        "idle_h": [], "idle_now": [],
+        "gpu_nodes": nodes(("n1", H100)),
+    })
     ns = {u.name: u for u in r.namespaces}
-    assert ns["a"].allocated_h == pytest.approx(0.5) and ns["b"].allocated_h == pytest.approx(0.5)
-    assert ns["a"].computing_h == pytest.approx(0.3)
-    assert ns["c"].allocated_h == pytest.approx(1 / 7) and ns["c"].computing_h == pytest.approx(1 / 7)
-    only_a = report.build(snaps, namespace="a")
+    assert (ns["a"].allocated_h, ns["a"].computing_h, ns["a"].idle_h, ns["a"].gpus_now) == (0.5, 0, 0, 0.5)
+    assert ns["b"].allocated_h == 0.5
+    [node] = r.nodes
+    assert (node.gpus_now, node.allocated_h, node.computing_h, node.idle_h) == (1.0, 1.0, 0.6, 0)
+    # A report of one namespace: its share only, and no computing it cannot be given.
+    only_a = build({"allocated_h": vector(held("a", "n1", 0.5), held("b", "n1", 0.5)),
+                    "computing_h": vector(device("", "n1", 0.6)), "gpu_nodes": nodes(("n1", H100))}, namespace="a")
     assert [u.name for u in only_a.namespaces] == ["a"]
-    assert only_a.nodes[0].allocated_h == pytest.approx(0.5)
+    assert (only_a.nodes[0].allocated_h, only_a.nodes[0].computing_h) == (0.5, 0)
 
 
-def test_report_caps_gaps_where_sampling_stopped():
-    page = _gpu("n1", 0, "GPU-a", 100, 1, ("a", "p"))
-    # 5 s sampling, then the cluster was down for an hour.
-    snaps = _series((0.0, page), (5.0, page), (10.0, page), (3610.0, page))
-    r = report.build(snaps)
-    # 5 + 5 s, the gap capped at twice the sampling interval (10 s), 5 s for the last sample.
-    assert r.namespaces[0].allocated_h == pytest.approx(25 / 3600)
+def test_mig_instances_count_as_their_share_of_the_gpus_model():
+    # Mixed strategy: a 1g.10gb of an H100 is 1/7 of a GPU, a 1g.6gb of an A30 1/4; both computing flat out.
+    r = build({
+        "allocated_h": vector(held("c", "n3", 1.0, "nvidia_com_mig_1g_10gb"),
+                              held("d", "n4", 2.0, "nvidia_com_mig_1g_6gb")),
+        "gpus_now": vector(held("c", "n3", 1, "nvidia_com_mig_1g_10gb")),
+        "computing_h": vector(device("c", "n3", 1.0, "1g.10gb"), device("", "n3", 0, "3g.40gb"),
+                              device("d", "n4", 2.0, "1g.6gb", "NVIDIA A30")),
+        "gpu_nodes": nodes(("n3", H100), ("n4", "NVIDIA A30")),
+    })
+    ns = {u.name: u for u in r.namespaces}
+    assert ns["c"].allocated_h == pytest.approx(1 / 7) and ns["c"].computing_h == pytest.approx(1 / 7)
+    assert ns["c"].gpus_now == pytest.approx(1 / 7)
+    assert ns["d"].allocated_h == pytest.approx(0.5) and ns["d"].computing_h == pytest.approx(0.5)
+    assert report.mig_resource_share(H100, "nvidia_com_mig_3g_40gb") == pytest.approx(3 / 7)
+    assert report.mig_resource_share("NVIDIA A30", "nvidia_com_mig_1g_6gb_me") == 0.25
 
 
-def test_report_lists_preemptions_with_the_preemptor():
+def test_an_unknown_gpu_model_or_profile_is_an_error_not_a_guessed_share():
+    with pytest.raises(ValueError, match=r"MIG devices 1g\.10gb on n3: unknown GPU model 'NVIDIA Z9'"):
+        build({"computing_h": vector(({"node": "n3", "modelName": "NVIDIA Z9", "GPU_I_PROFILE": "1g.10gb"}, 1))})
+    with pytest.raises(ValueError, match="no MIG profile with the resource 'nvidia_com_mig_1g_6gb'"):
+        build({"allocated_h": vector(held("c", "n3", 1, "nvidia_com_mig_1g_6gb")), "gpu_nodes": nodes(("n3", H100))})
+    with pytest.raises(ValueError, match="no DCGM series name the node's GPU model"):
+        build({"allocated_h": vector(held("c", "n9", 1, "nvidia_com_mig_1g_10gb"))})
+
+
+def test_a_namespace_with_quota_but_no_gpu_has_a_row_with_its_quota():
+    r = build({"quota": quota("empty", 0, 4) + quota("empty", 0, 4, "limits.nvidia.com/gpu"),
+               "gpu_nodes": nodes(("n1", H100))})
+    [row] = r.namespaces
+    assert (row.name, row.quota, row.allocated_h, row.efficiency) == ("empty", "0/4, 0/4 (limits)", 0, None)
+    assert "no DCGM exporter scrapes in this window" in r.text()
+    assert report.table_rows("NAMESPACE", r.namespaces, True)[1][0]["EFFICIENCY"] == "-"
+
+
+def test_preemptions_come_from_the_schedulers_events_with_the_preemptor():
     events = [{"reason": "Preempted", "involvedObject": {"namespace": "team-b", "name": "batch-train"},
                "message": "Preempted by pod 1234-abcd on node gpu-node-1", "lastTimestamp": "2026-12-02T10:00:00Z"},
+              {"reason": "Preempted", "involvedObject": {"namespace": "team-b", "name": "older"},
+               "message": "Preempted by pod 99 on node gpu-node-1", "lastTimestamp": "2026-12-02T08:00:00Z"},
               {"reason": "Scheduled", "involvedObject": {"namespace": "x", "name": "y"}, "message": "ok"}]
     pods = [{"metadata": {"namespace": "team-a", "name": "critical-train", "uid": "1234-abcd"}}]
-    r = report.build([], events=events, pods=pods)
-    assert [(p.namespace, p.pod, p.node, p.by) for p in r.preemptions] == [
+    since = datetime(2026, 12, 2, 9, tzinfo=timezone.utc).timestamp()
+    found = report.preemptions(events, pods, since=since)
+    assert [(p.namespace, p.pod, p.node, p.by) for p in found] == [
         ("team-b", "batch-train", "gpu-node-1", "team-a/critical-train")]
+    r = build({}, preempted=found, queries={"scrapes": "sum(...)"})
     assert "team-b/batch-train on gpu-node-1 by team-a/critical-train" in r.text()
-    assert "no usage samples yet" in r.text()
     assert r.to_dict()["preemptions"][0]["by"] == "team-a/critical-train"
+    assert r.to_dict()["queries"] == {"scrapes": "sum(...)"}
+    assert build({}, preempted=found, namespace="other").preemptions == []
 
 
-def test_plots_are_written_as_png(tmp_path):
-    snaps = _series(*[(i * 5.0, _gpu("n1", 0, "GPU-a", 10 * i, 1000, ("a", "p") if i > 2 else None))
-                      for i in range(6)])
-    written = plots.save(report.build(snaps), tmp_path)
+def test_device_timelines_say_who_held_each_card_and_the_plots_draw_them(tmp_path):
+    t = [END - 15 + 5 * i for i in range(4)]
+    gpu0, gpu1 = {"node": "n1", "gpu": "0"}, {"node": "n1", "gpu": "1"}
+    mig = {"node": "n3", "gpu": "0", "GPU_I_ID": "7", "GPU_I_PROFILE": "1g.10gb"}
+    r = build({
+        "utilization": matrix((gpu1, [(x, 0) for x in t]), (gpu0, [(x, 90) for x in t[1:]]),
+                              (mig, [(x, 40) for x in t])),
+        "holders": matrix(({**gpu0, "namespace": "a"}, [(x, 16384) for x in t[1:]]),
+                          (gpu0, [(t[0], 0)]),                                  # free, then a's
+                          (gpu1, [(x, 8000) for x in t]),                       # in use, no pod named: shared
+                          ({**mig, "namespace": "b"}, [(x, 100) for x in t])),
+    })
+    devices = {d.key: d for d in r.devices}
+    assert list(devices) == ["n1/gpu0", "n1/gpu1", "n3/gpu0/mig7-1g.10gb"]
+    assert devices["n1/gpu0"].held_by == ["", "a", "a", "a"]
+    assert devices["n1/gpu0"].utilization == [None, 90, 90, 90]
+    assert devices["n1/gpu1"].held_by == [report.SHARED] * 4
+    assert devices["n3/gpu0/mig7-1g.10gb"].held_by == ["b"] * 4
+    written = plots.save(r, tmp_path)
     assert [p.name for p in written] == ["utilization.png", "allocation.png"]
     for p in written:
         assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("status,body,says", [
+    (404, {"kind": "Status", "message": 'services "prometheus" not found', "reason": "NotFound", "code": 404},
+     ['Prometheus is not installed (404: services "prometheus" not found)', "`gpulab addon install monitoring`"]),
+    (503, {"kind": "Status", "message": 'no endpoints available for service "prometheus"', "code": 503},
+     ['503: no endpoints available for service "prometheus"', "kubectl -n monitoring get pods",
+      "`gpulab addon install monitoring`"]),
+    (403, {"kind": "Status", "message": "forbidden", "code": 403}, ["`get` on `services/proxy` in namespace monitoring"]),
+])
+def test_what_the_service_proxy_answers_becomes_an_error_that_says_what_to_run(status, body, says):
+    error = prometheus.unavailable(status, json.dumps(body))
+    assert isinstance(error, prometheus.PrometheusUnavailable)
+    for words in says:
+        assert words in str(error)
+
+
+def _closed_port_kubeconfig(tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    path = tmp_path / "kubeconfig"
+    path.write_text(textwrap.dedent(f"""\
+        apiVersion: v1
+        kind: Config
+        clusters: [{{name: c, cluster: {{server: "http://127.0.0.1:{port}"}}}}]
+        users: [{{name: u, user: {{token: t}}}}]
+        contexts: [{{name: c, context: {{cluster: c, user: u}}}}]
+        current-context: c
+        """))
+    return path, port
+
+
+def test_connect_proxies_through_the_apiserver_and_says_when_it_cannot_reach_it(tmp_path):
+    assert prometheus.proxy_url("https://127.0.0.1:6443/") == \
+        "https://127.0.0.1:6443/api/v1/namespaces/monitoring/services/prometheus:9090/proxy"
+    config, port = _closed_port_kubeconfig(tmp_path)
+    with pytest.raises(prometheus.PrometheusUnavailable, match=rf"cannot reach the apiserver at http://127.0.0.1:{port}"):
+        prometheus.connect(config, timeout=2)
+
+
+def test_gpulab_report_without_the_add_on_fails_with_what_to_run_and_writes_nothing(tmp_path, monkeypatch):
+    config, _ = _closed_port_kubeconfig(tmp_path)
+
+    def not_installed(kubeconfig, timeout=10.0):
+        assert kubeconfig == config
+        raise prometheus.unavailable(404, json.dumps({"kind": "Status", "message": 'services "prometheus" not found'}))
+
+    monkeypatch.setattr(prometheus, "connect", not_installed)
+    out = tmp_path / "out"
+    result = CliRunner().invoke(cli.main, ["report", "--since", "10m", "--out", str(out)],
+                                env={"KUBECONFIG": str(config), "GPULAB_HOME": str(tmp_path)})
+    assert result.exit_code == 1, result.output
+    assert "gpulab: error: Prometheus is not installed" in result.output
+    assert "`gpulab addon install monitoring`" in result.output
+    assert not out.exists()
+    assert isinstance(result.exception, SystemExit)  # an exit with the message, no traceback
 
 
 @pytest.mark.parametrize("text,seconds", [("90s", 90), ("15m", 900), ("2h", 7200), ("1d", 86400), ("30", 30)])
