@@ -17,7 +17,6 @@ pulled as on any cluster.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +24,7 @@ import yaml
 
 from .. import _poll, paths
 from ..kube import api
+from .base import Say
 
 MANAGER = "gpulab-addon"
 #: On a Deployment of an add-on: the program reloads its config when told, at this URL (POST), e.g.
@@ -36,8 +36,6 @@ RESTARTED_AT = "kubectl.kubernetes.io/restartedAt"
 SYNC_TIMEOUT = 30.0
 #: How long an install waits for its Deployments and APIServices.
 READY_TIMEOUT = 180.0
-
-Say = Callable[[str], None]
 
 
 class AddonError(RuntimeError):

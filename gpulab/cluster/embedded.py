@@ -40,7 +40,6 @@ import shutil
 import stat
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -70,7 +69,7 @@ NETWORK_COMPONENTS = ("kube-proxy",)
 LEGACY_ADAPTER_NAMESPACE = "custom-metrics"
 
 
-def drop_legacy_adapter(client: api.Client, say: Callable[[str], None]) -> None:
+def drop_legacy_adapter(client: api.Client, say: Say) -> None:
     """Remove what gpulab's old built-in custom metrics adapter left in a cluster made before the add-on.
 
     Its APIServices point at a port nothing serves any more, and an unavailable APIService stalls API
