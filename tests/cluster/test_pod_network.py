@@ -68,25 +68,12 @@ def test_pods_on_different_nodes_reach_each_other_by_pod_ip(kube, kubectl, ns):
 
 
 def test_a_service_balances_over_its_ready_endpoints_by_dns_name(kube, kubectl, ns):
-    create(kube, ns, {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "web"},
-                      "spec": {"replicas": 2, "selector": {"matchLabels": {"app": "web"}},
-                               "template": {"metadata": {"labels": {"app": "web"}},
-                                            "spec": server("x", 8080)["spec"]}}})
-    create(kube, ns, {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web"},
-                      "spec": {"selector": {"app": "web"}, "ports": [{"port": 80, "targetPort": 8080}]}})
-    wait_for(lambda: (d := kube.get("Deployment", "web", ns)) and d["status"].get("readyReplicas") == 2, 90,
-             what="2 replicas Ready")
+    _two_servers_behind(kube, ns, {})
     # Many requests through the ClusterIP, by the Service's short name (the search path), reach both replicas.
-    code = ("import collections, time, urllib.request\n"
-            "seen = collections.Counter()\n"
-            "for i in range(40):\n"
-            "    try: seen[urllib.request.urlopen('http://web/', timeout=3).read().decode()] += 1\n"
-            "    except Exception: time.sleep(0.5)\n"
-            "print(len(seen), sum(seen.values()))\n")
-    create(kube, ns, pod("cli", ["python3", "-c", code]))
-    wait_for(lambda: pod_finished(kube, ns, "cli"), 90, what="client finished")
-    replicas, answered = map(int, logs(kubectl, ns, "cli").split())
-    assert replicas == 2 and answered >= 30
+    create(kube, ns, pod("cli", _answers("http://web/", 40, endpoints=2)))
+    wait_for(lambda: pod_finished(kube, ns, "cli"), 120, what="client finished")
+    endpoints, answered = map(int, logs(kubectl, ns, "cli").split())
+    assert endpoints == 2 and answered >= 40, (endpoints, answered)
 
 
 def test_a_pods_resolv_conf_is_the_kubelets_and_cluster_dns_answers(kube, kubectl, ns):
@@ -209,10 +196,16 @@ def _two_servers_behind(kube, ns, service: dict) -> None:
              what="2 replicas Ready")
 
 
-def _answers(url: str, count: int) -> list[str]:
+def _answers(url: str, count: int, endpoints: int = 1) -> list[str]:
+    """A client's command: GET ``url`` until at least ``count`` answers came from at least ``endpoints``
+    replicas, or 60 s passed; print how many replicas answered and how many answers came.
+
+    Ready replicas are in the EndpointSlice at once, but kube-proxy programs them on its own schedule (under
+    load, seconds later), so a client asks until a deadline rather than a fixed number of times."""
     code = ("import collections, time, urllib.request\n"
             "seen = collections.Counter()\n"
-            f"while sum(seen.values()) < {count}:\n"
+            "deadline = time.monotonic() + 60\n"
+            f"while time.monotonic() < deadline and (sum(seen.values()) < {count} or len(seen) < {endpoints}):\n"
             f"    try: seen[urllib.request.urlopen({url!r}, timeout=3).read().decode()] += 1\n"
             "    except Exception: time.sleep(0.5)\n"
             "print(len(seen), sum(seen.values()))\n")
@@ -221,6 +214,13 @@ def _answers(url: str, count: int) -> list[str]:
 
 def test_session_affinity_keeps_a_client_on_one_endpoint(kube, kubectl, ns):
     _two_servers_behind(kube, ns, {"sessionAffinity": "ClientIP"})
+    # First see that kube-proxy has programmed both replicas (through a Service without affinity over the
+    # same pods), so that one endpoint answering below is the affinity, not a rule still being written.
+    create(kube, ns, {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web-any"},
+                      "spec": {"selector": {"app": "web"}, "ports": [{"port": 80, "targetPort": 8080}]}})
+    create(kube, ns, pod("any", _answers("http://web-any/", 10, endpoints=2)))
+    wait_for(lambda: pod_finished(kube, ns, "any"), 120, what="client finished")
+    assert logs(kubectl, ns, "any").split()[0] == "2"
     create(kube, ns, pod("cli", _answers("http://web/", 20)))
     wait_for(lambda: pod_finished(kube, ns, "cli"), 90, what="client finished")
     endpoints, answered = map(int, logs(kubectl, ns, "cli").split())
