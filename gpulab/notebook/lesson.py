@@ -5,6 +5,10 @@
 - the working directory is the repository root, so ``manifests/...`` paths
   work in Python and in ``!kubectl`` cells alike;
 - ``PATH`` starts with the virtualenv's ``bin`` (kubectl 1.37, ``gpulab``);
+- ``LANGUAGE`` is ``zh_CN``, so ``gpulab`` speaks Chinese in the lesson, in ``sh("gpulab ...")`` and in the
+  library's own lines alike (:mod:`gpulab.i18n`). Only messages move: ``LANGUAGE`` names the language of
+  messages and nothing else (numbers, dates and encodings keep the locale they had), and kubectl does not
+  read it, so its output stays as the chapter prints it;
 - ``KUBECONFIG`` points at a copy of the cluster's kubeconfig whose context
   defaults to the lesson's namespace (``lesson-03``), so the chapter's
   commands run as printed, without ``-n``;
@@ -32,7 +36,7 @@ from typing import Any
 import yaml
 from kubernetes.config import kube_config
 
-from .. import paths
+from .. import i18n, paths
 from ..cluster import baseline
 from ..cluster.base import Cluster
 from ..kube import api
@@ -234,6 +238,7 @@ def setup(lesson: str, *, namespace: str | None = None, node_labels: Sequence[st
     from ..cluster import backend
 
     os.chdir(REPO)
+    os.environ["LANGUAGE"] = i18n.CHINESE  # before the cluster is started: its lines are the lesson's too
     venv_bin = str(Path(sys.executable).parent)
     path = os.environ.get("PATH", "").split(os.pathsep)
     if not path or path[0] != venv_bin:
