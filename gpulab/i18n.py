@@ -104,6 +104,8 @@ def cells(text: str) -> int:
     return sum(2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in text)
 
 
-def pad(text: str, width: int) -> str:
-    """``text`` left-aligned in a column ``width`` terminal cells wide (translated table headers line up)."""
-    return text + " " * max(0, width - cells(text))
+def pad(text: str, width: int, right: bool = False) -> str:
+    """``text`` in a column ``width`` terminal cells wide, left-aligned (``right``: right-aligned), so that
+    translated table headers line up with their columns."""
+    fill = " " * max(0, width - cells(text))
+    return fill + text if right else text + fill

@@ -12,7 +12,9 @@ others are kept. Then write the new translations into the ``.po`` (an editor of
 .po files, or any text editor: ``msgstr "..."`` under each ``msgid``) and run
 ``--check``, which ``tests/unit/test_i18n.py`` runs too. It fails on a marked
 message missing from the catalog, a catalog entry no code marks, an empty or
-fuzzy translation, and a translation whose ``{fields}`` differ from its msgid's.
+fuzzy translation, a translation whose ``{fields}`` differ from its msgid's, and
+a mark extraction would miss (a message built at run time, ``_()`` inside an
+f-string) or a ``_`` that a module binds over gettext's.
 
 Run it with the environment's Python; needs Babel (a dependency of gpulab).
 """
@@ -127,10 +129,14 @@ def problems(path: Path, package: Path = PACKAGE) -> list[str]:
     out = marking_problems(package)
     if not path.exists():
         return [*out, f"{_shown(path)} does not exist: run `.venv/bin/python tools/messages.py` (make messages)"]
-    if path.read_bytes() != updated(path, package):
-        out.append(f"{_shown(path)} differs from the messages marked in {_shown(package)}/ (new, removed or moved "
-                   "ones): run `.venv/bin/python tools/messages.py` (make messages), then translate")
     catalog = read_catalog(path)
+    # What is in it, not how it is written: a translation typed on one long line is as good as a wrapped one.
+    marked = {message.id for message in extracted(package) if message.id}
+    held = {message.id for message in catalog if message.id}
+    out += [f"{_shown(path)}: msgid {ids!r} is marked in {_shown(package)}/ but not in the catalog: run "
+            "`.venv/bin/python tools/messages.py` (make messages), then translate it" for ids in sorted(marked - held, key=str)]
+    out += [f"{_shown(path)}: msgid {ids!r} is marked nowhere in {_shown(package)}/ any more: run "
+            "`.venv/bin/python tools/messages.py` (make messages), which drops it" for ids in sorted(held - marked, key=str)]
     for message in catalog:
         if not message.id:
             continue

@@ -51,7 +51,7 @@ def test_the_check_finds_new_stale_untranslated_and_misfielded_messages(tmp_path
     po.write_bytes(messages.render(catalog))
 
     found = "\n".join(messages.problems(po, package))
-    assert "differs from the messages marked" in found  # "stale" is in the catalog, no code marks it
+    assert "msgid 'stale' is marked nowhere" in found
     assert "msgid 'new {name}' has no translation" in found
     assert "msgid 'moved {n}': the translation's fields ['count'] are not the msgid's ['n']" in found
     assert "'kept'" not in found
@@ -59,6 +59,21 @@ def test_the_check_finds_new_stale_untranslated_and_misfielded_messages(tmp_path
     po.write_bytes(messages.updated(po, package))  # what `make messages` does: "stale" goes, the rest stays
     catalog = messages.read_catalog(po)
     assert "stale" not in catalog and catalog["kept"].string == "保留"
+
+    (package / "mod.py").write_text('from .i18n import _\nx = _("kept")\nw = _("added")\n')
+    assert "msgid 'added' is marked in" in "\n".join(messages.problems(po, package))
+
+
+def test_a_translation_written_by_hand_on_one_line_passes(tmp_path):
+    long = "a message long enough that Babel wraps it in the catalog, " * 3 + "{field}"
+    package = _package(tmp_path, f'from .i18n import _\nx = _("{long}", field=1)\n')
+    po = tmp_path / "gpulab.po"
+    po.write_bytes(messages.updated(po, package))
+    text = po.read_text()
+    assert text.count('msgstr ""') == 2  # the header's and the message's
+    before, _msgstr, after = text.rpartition('msgstr ""')
+    po.write_text(before + 'msgstr "一条很长的消息，写在一行里，比 Babel 换行的宽度还长：' + "很长" * 40 + '{field}"' + after)
+    assert messages.problems(po, package) == []
 
 
 def test_the_check_finds_marks_extraction_misses_and_a_shadowed_underscore(tmp_path):
