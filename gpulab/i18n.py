@@ -36,12 +36,14 @@ import gettext
 import io
 import os
 import unicodedata
+from collections.abc import Mapping
 from functools import cache
 from pathlib import Path
 
 DOMAIN = "gpulab"
 LOCALE_DIR = Path(__file__).resolve().parent / "locale"
 CHINESE = "zh_CN"
+ENGLISH = "en"
 # The environment variables gettext reads for the language of messages, in its order.
 LANGUAGE_VARIABLES = ("LANGUAGE", "LC_ALL", "LC_MESSAGES", "LANG")
 
@@ -51,7 +53,7 @@ def catalog_path(language: str = CHINESE) -> Path:
     return LOCALE_DIR / language / "LC_MESSAGES" / f"{DOMAIN}.po"
 
 
-def language(environ: os._Environ[str] | dict[str, str] | None = None) -> str:
+def language(environ: Mapping[str, str] | None = None) -> str:
     """``"zh_CN"`` or ``"en"``: the language of messages, chosen from the environment as gettext chooses."""
     env = os.environ if environ is None else environ
     wanted = next((env[name] for name in LANGUAGE_VARIABLES if env.get(name)), "")
@@ -61,15 +63,15 @@ def language(environ: os._Environ[str] | dict[str, str] | None = None) -> str:
             break
         if lang == "zh" or lang.startswith("zh_"):
             return CHINESE
-        if lang == "en" or lang.startswith("en_"):
+        if lang == ENGLISH or lang.startswith("en_"):
             break
-    return "en"
+    return ENGLISH
 
 
 @cache
 def _translations(language: str) -> gettext.NullTranslations:
     """The compiled catalog of ``language``; English (the msgids) has none."""
-    if language == "en":
+    if language == ENGLISH:
         return gettext.NullTranslations()
     from babel.messages.mofile import write_mo
     from babel.messages.pofile import read_po

@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -204,3 +205,15 @@ def test_a_lesson_sets_chinese_before_it_touches_the_cluster(monkeypatch):
         lesson.setup("00-orientation")
     assert os.environ["LANGUAGE"] == "zh_CN"
     assert i18n.language() == "zh_CN"
+
+
+def test_components_log_in_english_whatever_starts_them(tmp_path, monkeypatch):
+    """`gpulab up` in a Chinese lesson starts the node agent and the rest with LANGUAGE=en: logs stay English."""
+    from gpulab.cluster.processes import Component, ProcessTable
+
+    monkeypatch.setenv("LANGUAGE", "zh_CN")
+    table = ProcessTable(tmp_path)
+    code = "from gpulab.i18n import _, language; print(language(), _('none'))"
+    proc = table.spawn(Component("echo", [sys.executable, "-c", code], lambda: True))
+    assert proc.wait(timeout=60) == 0
+    assert table.log("echo").read_text().splitlines()[-1] == "en none"
