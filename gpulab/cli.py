@@ -234,7 +234,10 @@ def addon_list() -> None:
     cluster = _cluster()
     client = api.Client(cluster.kubeconfig) if cluster.running() else None
     for name in addons.names():
-        state = (_("installed") if addons.installed(client, name) else _("not installed")) if client else _("cluster down")
+        if client is None:
+            state = _("cluster down")
+        else:
+            state = _("installed") if addons.installed(client, name) else _("not installed")
         click.echo(f"{name:<16} {pad(state, 14)} {addons.root() / name}")
 
 
@@ -287,7 +290,8 @@ def progress(reset_section: str | None) -> None:
 
     if reset_section is not None:
         quiz.ProgressStore().reset(None if reset_section == "*" else reset_section)
-        click.echo(_("progress reset") if reset_section == "*" else _("progress reset for {section}", section=reset_section))
+        click.echo(_("progress reset") if reset_section == "*"
+                   else _("progress reset for {section}", section=reset_section))
         return
     try:
         click.echo(quiz.format_summary())
@@ -454,7 +458,8 @@ def check_cmd(notebook: Path, lab: str | None, out_dir: Path | None, no_jail: bo
     from .grading.grader import GradingError, check_notebook
 
     _recover_graders(_cluster())
-    click.echo(_("running {notebook} in a fresh namespace as a namespace-scoped identity ...", notebook=notebook), err=True)
+    click.echo(_("running {notebook} in a fresh namespace as a namespace-scoped identity ...", notebook=notebook),
+               err=True)
     try:
         report = check_notebook(notebook, lab=lab, out_dir=out_dir, jail=not no_jail)
     except GradingError as e:

@@ -134,9 +134,11 @@ def problems(path: Path, package: Path = PACKAGE) -> list[str]:
     marked = {message.id for message in extracted(package) if message.id}
     held = {message.id for message in catalog if message.id}
     out += [f"{_shown(path)}: msgid {ids!r} is marked in {_shown(package)}/ but not in the catalog: run "
-            "`.venv/bin/python tools/messages.py` (make messages), then translate it" for ids in sorted(marked - held, key=str)]
+            "`.venv/bin/python tools/messages.py` (make messages), then translate it"
+            for ids in sorted(marked - held, key=str)]
     out += [f"{_shown(path)}: msgid {ids!r} is marked nowhere in {_shown(package)}/ any more: run "
-            "`.venv/bin/python tools/messages.py` (make messages), which drops it" for ids in sorted(held - marked, key=str)]
+            "`.venv/bin/python tools/messages.py` (make messages), which drops it"
+            for ids in sorted(held - marked, key=str)]
     for message in catalog:
         if not message.id:
             continue

@@ -51,7 +51,7 @@ def wait(kubeconfig: Path, say: Callable[[str], None], timeout: float = 60.0) ->
     try:
         _poll.until(lambda: ready(client), timeout, lambda last: TimeoutError(), interval=0.25)
     except TimeoutError:
-        say(_("cluster DNS not ready after {seconds:.0f} s; see `kubectl -n {namespace} describe pod -l k8s-app=kube-dns`",
-              seconds=timeout, namespace=NAMESPACE))
+        say(_("cluster DNS not ready after {seconds:.0f} s; "
+              "see `kubectl -n {namespace} describe pod -l k8s-app=kube-dns`", seconds=timeout, namespace=NAMESPACE))
         return
     say(_("cluster DNS ready in {seconds:.1f} s (kube-system/coredns)", seconds=time.monotonic() - started))
