@@ -15,7 +15,7 @@ from pathlib import Path
 import click
 
 from . import marks, paths, versions
-from .i18n import _, language, ngettext, pad
+from .i18n import _, ngettext, pad
 from .cluster import backend
 
 
@@ -439,7 +439,7 @@ def _recover_graders(cluster) -> None:
     except Exception as e:  # noqa: BLE001 - the command itself still runs
         click.echo(_("gpulab: warning: could not look for interrupted graders: {error}", error=e), err=True)
         return
-    for line in report(outcomes, lang=language()):
+    for line in report(outcomes):
         click.echo(line if line.startswith(" ") else f"gpulab: {line}", err=True)
 
 

@@ -12,7 +12,8 @@ others are kept. Then write the new translations into the ``.po`` (an editor of
 .po files, or any text editor: ``msgstr "..."`` under each ``msgid``) and run
 ``--check``, which ``tests/unit/test_i18n.py`` runs too. It fails on a marked
 message missing from the catalog, a catalog entry no code marks, an empty or
-fuzzy translation, a translation whose ``{fields}`` differ from its msgid's, and
+fuzzy translation, a translation with a ``{field}`` its msgid has not (one may be
+left out, as gettext's msgfmt allows), and
 a mark extraction would miss (a message built at run time, ``_()`` inside an
 f-string) or a ``_`` that a module binds over gettext's.
 
@@ -151,8 +152,10 @@ def problems(path: Path, package: Path = PACKAGE) -> list[str]:
             out.append(f"{where} has no translation")
             continue
         for text in strings:
-            if fields(text) != fields(ids[-1]):
-                out.append(f"{where}: the translation's fields {fields(text)} are not the msgid's {fields(ids[-1])}")
+            # As gettext's msgfmt checks named placeholders: a translation may leave a detail out, never add one.
+            unknown = sorted(set(fields(text)) - set(fields(ids[-1])))
+            if unknown:
+                out.append(f"{where}: the translation's fields {unknown} are not among the msgid's {fields(ids[-1])}")
     return out
 
 

@@ -124,7 +124,7 @@ class Lab:
         """The lesson's node labels and taints as the topology has them (:func:`baseline.node_keys_back`)."""
         changes = baseline.node_keys_back(self.kube, baseline.topology_baseline(self.cluster),
                                           self.node_labels, self.node_taints)
-        return [c.text("zh") for c in changes]
+        return [c.text() for c in changes]
 
     # -- the GPU stack -------------------------------------------------------------
 
@@ -153,12 +153,12 @@ class Lab:
         Only the writes (:func:`baseline.put_back`); :meth:`_restore_gpu_stack` also waits for the stack to settle.
         """
         gpu_nodes = [n.name for n in self.topology().gpu_nodes]
-        done = [c.text("zh") for c in baseline.put_faults_back(self.cluster.root, gpu_nodes)]
+        done = [c.text() for c in baseline.put_faults_back(self.cluster.root, gpu_nodes)]
         for kind, name, ns in self._stack_objects():
             if self.kube.get(kind, name, ns) is not None:
                 self.kube.delete(kind, name, ns)
                 done.append(f"删除了 {ns}/{name}（{kind}）")
-        done += [c.text("zh") for c in baseline.put_back(self.kube, self._gpu_stack_target())]
+        done += [c.text() for c in baseline.put_back(self.kube, self._gpu_stack_target())]
         # Operand pods left crash-looping or stuck in validation (by a fault) start over at once.
         baseline.restart_stuck_operands(self.kube, only_crashed=False)
         return done
@@ -282,7 +282,7 @@ def _recover_graders(cluster: Cluster, kube: api.Client) -> None:
     from ..grading import cluster as grading_cluster
     from ..grading import journal
 
-    for line in journal.report(grading_cluster.recover(cluster, kube), lang="zh"):
+    for line in journal.report(grading_cluster.recover(cluster, kube)):
         _say(line if line.startswith(" ") else f"⚠ {line}")
 
 

@@ -54,7 +54,7 @@ def test_the_check_finds_new_stale_untranslated_and_misfielded_messages(tmp_path
     found = "\n".join(messages.problems(po, package))
     assert "msgid 'stale' is marked nowhere" in found
     assert "msgid 'new {name}' has no translation" in found
-    assert "msgid 'moved {n}': the translation's fields ['count'] are not the msgid's ['n']" in found
+    assert "msgid 'moved {n}': the translation's fields ['count'] are not among the msgid's ['n']" in found
     assert "'kept'" not in found
 
     po.write_bytes(messages.updated(po, package))  # what `make messages` does: "stale" goes, the rest stays
