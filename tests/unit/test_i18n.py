@@ -217,3 +217,11 @@ def test_components_log_in_english_whatever_starts_them(tmp_path, monkeypatch):
     proc = table.spawn(Component("echo", [sys.executable, "-c", code], lambda: True))
     assert proc.wait(timeout=60) == 0
     assert table.log("echo").read_text().splitlines()[-1] == "en none"
+
+
+def test_a_topology_s_mistakes_in_chinese_keep_file_field_and_values(tmp_path):
+    topology = tmp_path / "bad.yaml"
+    topology.write_text("apiVersion: gpulab.io/v1alpha1\nkind: Topology\nnodePools:\n- name: GPU\n  count: 1\n")
+    result = run({**CHINESE, "GPULAB_HOME": str(tmp_path)}, "up", "--topology", str(topology))
+    assert result.exit_code == 2
+    assert result.output == (f"gpulab：错误：{topology}: nodePools[0].name: 'GPU' 不是 DNS 标签（小写字母、数字和 '-'）\n")
