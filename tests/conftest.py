@@ -32,6 +32,10 @@ def pytest_configure(config):
     # A CI timeout or `kill` sends SIGTERM: treat it as Ctrl-C, so that fixtures
     # still stop the session cluster instead of leaving its servers running.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
+    # The tests read gpulab's messages in English, whatever the developer's locale (gpulab/i18n.py): LANGUAGE
+    # comes first in gettext's choice and moves nothing but messages. A test of another language sets its own;
+    # a lesson's setup() sets zh_CN for its kernel and its commands.
+    os.environ["LANGUAGE"] = "en"
 
 
 @pytest.fixture(scope="session")

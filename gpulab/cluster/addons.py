@@ -23,6 +23,7 @@ from typing import Any
 import yaml
 
 from .. import _poll, paths
+from ..i18n import _
 from ..kube import api
 from .base import Say
 
@@ -54,7 +55,7 @@ def names() -> list[str]:
 def documents(name: str) -> list[dict[str, Any]]:
     """The add-on's objects, in file order; raises :class:`AddonError` for an unknown name."""
     if name not in names():
-        raise AddonError(f"unknown add-on {name!r} (there are: {', '.join(names())})")
+        raise AddonError(_("unknown add-on {name!r} (there are: {names})", name=name, names=", ".join(names())))
     docs: list[dict[str, Any]] = []
     for path in sorted((root() / name).glob("*.yaml")):
         docs += [d for d in yaml.safe_load_all(path.read_text()) if d]
@@ -81,15 +82,16 @@ def install(kubeconfig: Path, name: str, say: Say, timeout: float = READY_TIMEOU
         # `kubectl replace` would: its fields must not mix with the add-on's.
         old = client.get("APIService", svc["metadata"]["name"])
         if old is not None and (old["spec"].get("service") or {}) != svc["spec"]["service"]:
-            say(f"APIService {svc['metadata']['name']} is served by "
-                f"{old['spec'].get('service', {}).get('namespace')}/{old['spec'].get('service', {}).get('name')}; "
-                f"{name} takes it over")
+            served_by = old["spec"].get("service") or {}
+            say(_("APIService {service} is served by {namespace}/{name}; {addon} takes it over",
+                  service=svc["metadata"]["name"], namespace=served_by.get("namespace"), name=served_by.get("name"),
+                  addon=name))
             client.delete("APIService", svc["metadata"]["name"])
     desired = {(d["metadata"]["namespace"], d["metadata"]["name"]): _data(d) for d in docs if d["kind"] == "ConfigMap"}
     before = {key: _data(client.get("ConfigMap", key[1], key[0])) for key in desired}
     for doc in docs:
         client.apply(doc, manager=MANAGER)
-    say(f"{name}: applied {len(docs)} objects from {root() / name}")
+    say(_("{addon}: applied {n} objects from {path}", addon=name, n=len(docs), path=root() / name))
     # A ConfigMap that existed with other contents: the programs reading it are told (reload or restart).
     changed = {key for key, data in desired.items() if before[key] is not None and before[key] != data}
     for doc in docs:
@@ -101,7 +103,7 @@ def install(kubeconfig: Path, name: str, say: Say, timeout: float = READY_TIMEOU
                              started + timeout)
     for svc in _api_services(docs):
         _wait_api_service(client, svc["metadata"]["name"], say, started + timeout)
-    return f"add-on {name} installed in {time.monotonic() - started:.1f} s"
+    return _("add-on {addon} installed in {seconds:.1f} s", addon=name, seconds=time.monotonic() - started)
 
 
 def delete(kubeconfig: Path, name: str, say: Say) -> str:
@@ -111,8 +113,8 @@ def delete(kubeconfig: Path, name: str, say: Say) -> str:
     for doc in reversed(documents(name)):
         md = doc["metadata"]
         gone += client.delete(doc["kind"], md["name"], md.get("namespace"))
-    say(f"{name}: deleted {gone} objects")
-    return f"add-on {name} deleted"
+    say(_("{addon}: deleted {n} objects", addon=name, n=gone))
+    return _("add-on {addon} deleted", addon=name)
 
 
 def _data(cm: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -131,20 +133,22 @@ def _reconfigure(client: api.Client, kubeconfig: Path, deployment: dict[str, Any
     """A ConfigMap the Deployment mounts changed: tell the program to reload (once its pods see the new file,
     as the kubelet syncs it) or, for a program that reads its config only at start, restart its pods."""
     md = deployment["metadata"]
-    names = ", ".join(n for _, n in sorted(configs))
+    names = ", ".join(n for _ns, n in sorted(configs))
     url = (md.get("annotations") or {}).get(RELOAD_ANNOTATION)
     if not url:
         stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         client.patch("Deployment", md["name"], {"spec": {"template": {"metadata": {"annotations": {RESTARTED_AT: stamp}}}}},
                      md["namespace"])
-        say(f"configmap {names} changed: restarting deployment {md['namespace']}/{md['name']}")
+        say(_("configmap {configmaps} changed: restarting deployment {namespace}/{name}", configmaps=names,
+              namespace=md["namespace"], name=md["name"]))
         return
     _wait_mounted(client, kubeconfig, deployment, configs)
-    host, _, path = url.split("://", 1)[-1].partition("/")
-    service, _, port = host.partition(":")
+    host, _slash, path = url.split("://", 1)[-1].partition("/")
+    service, _colon, port = host.partition(":")
     svc_name, svc_ns = service.split(".")[0], (service.split(".") + [md["namespace"]])[1]
     client.request("POST", f"/api/v1/namespaces/{svc_ns}/services/{svc_name}:{port}/proxy/{path}")
-    say(f"configmap {names} changed: {md['namespace']}/{md['name']} reloaded its config (POST {url})")
+    say(_("configmap {configmaps} changed: {namespace}/{name} reloaded its config (POST {url})", configmaps=names,
+          namespace=md["namespace"], name=md["name"], url=url))
 
 
 def _wait_mounted(client: api.Client, kubeconfig: Path, deployment: dict[str, Any], configs: set[tuple[str, str]]) -> None:
@@ -170,8 +174,9 @@ def _wait_mounted(client: api.Client, kubeconfig: Path, deployment: dict[str, An
                 return False
         return True
 
-    _poll.until(synced, SYNC_TIMEOUT, lambda _: AddonError(
-        f"deployment {md['namespace']}/{md['name']} does not see its changed config after {SYNC_TIMEOUT:g} s"),
+    _poll.until(synced, SYNC_TIMEOUT, lambda last: AddonError(_(
+        "deployment {namespace}/{name} does not see its changed config after {seconds:g} s",
+        namespace=md["namespace"], name=md["name"], seconds=SYNC_TIMEOUT)),
         interval=0.5, max_interval=2.0)
 
 
@@ -192,24 +197,27 @@ def _wait_deployment(client: api.Client, namespace: str, name: str, say: Say, de
             return True
         if time.monotonic() - last[0] > 10:
             last[0] = time.monotonic()
-            say(f"waiting for deployment {namespace}/{name} ({time.monotonic() - started:.0f} s)")
+            say(_("waiting for deployment {namespace}/{name} ({seconds:.0f} s)", namespace=namespace, name=name,
+                  seconds=time.monotonic() - started))
         return False
 
-    def timed_out(_: object) -> AddonError:
-        return AddonError(f"deployment {namespace}/{name} not available after {time.monotonic() - started:.0f} s; "
-                          f"see `kubectl -n {namespace} describe pods` and `kubectl -n {namespace} logs deploy/{name}`")
+    def timed_out(last: object) -> AddonError:
+        return AddonError(_("deployment {namespace}/{name} not available after {seconds:.0f} s; see "
+                            "`kubectl -n {namespace} describe pods` and `kubectl -n {namespace} logs deploy/{name}`",
+                            namespace=namespace, name=name, seconds=time.monotonic() - started))
 
     _poll.until(ready, max(1.0, deadline - time.monotonic()), timed_out, interval=0.25, max_interval=1.0)
-    say(f"deployment {namespace}/{name} available ({time.monotonic() - started:.1f} s)")
+    say(_("deployment {namespace}/{name} available ({seconds:.1f} s)", namespace=namespace, name=name,
+          seconds=time.monotonic() - started))
 
 
 def _wait_api_service(client: api.Client, name: str, say: Say, deadline: float) -> None:
     def available() -> bool:
         return api.condition_true(client.get("APIService", name), "Available")
 
-    def timed_out(_: object) -> AddonError:
+    def timed_out(last: object) -> AddonError:
         why = (api.condition(client.get("APIService", name), "Available") or {}).get("message")
-        return AddonError(f"APIService {name} not available: {why or 'no status yet'}")
+        return AddonError(_("APIService {name} not available: {why}", name=name, why=why or _("no status yet")))
 
     _poll.until(available, max(1.0, deadline - time.monotonic()), timed_out, interval=0.25, max_interval=1.0)
-    say(f"APIService {name} available")
+    say(_("APIService {name} available", name=name))

@@ -44,6 +44,7 @@ from typing import Any
 import yaml
 
 from .. import _poll
+from ..i18n import N_, _
 from ..fakegpu import faults, operator
 from ..fakegpu.mig import PAUSED_FOR_MIG_CHANGE
 from ..kube import api
@@ -77,31 +78,29 @@ class StackError(RuntimeError):
 # --------------------------------------------------------------------------- what was put back
 
 
-# (what, action) -> (English, zh-CN); {subject} is a node or object name, {detail} a key, value or fault.
+# (what, action) -> what a person is told, marked for the catalog (gpulab/i18n.py); {subject} is a node or
+# object name, {detail} a key, value or fault, {value} what a label or annotation was set back to.
 _TEXT = {
-    ("namespace", "deleted"): ("namespace {subject} deleted", "删除了评分用的命名空间 {subject}"),
-    ("grant", "deleted"): ("{detail} {subject} deleted", "删除了评分用的 {detail} {subject}"),
-    ("fault", "cleared"): ("{subject}: fault {detail} cleared", "{subject}：清除了故障 {detail}"),
-    ("fault", "set"): ("{subject}: fault {detail} set again (it was there before)",
-                       "{subject}：恢复了评分前就有的故障 {detail}"),
-    ("label", "restored"): ("{subject}: label {detail}={value} restored", "{subject}：标签 {detail} 恢复为 {value}"),
-    ("label", "removed"): ("{subject}: label {detail} removed", "{subject}：标签 {detail} 已去掉"),
-    ("annotation", "restored"): ("{subject}: annotation {detail}={value} restored",
-                                 "{subject}：注解 {detail} 恢复为 {value}"),
-    ("annotation", "removed"): ("{subject}: annotation {detail} removed", "{subject}：注解 {detail} 已去掉"),
-    ("taint", "removed"): ("{subject}: taint {detail} removed", "{subject}：污点 {detail} 已去掉"),
-    ("taint", "added"): ("{subject}: taint {detail} put back", "{subject}：恢复了污点 {detail}"),
-    ("unschedulable", "cordoned"): ("{subject}: cordoned again (as before)", "{subject}：恢复为不可调度（cordon）"),
-    ("unschedulable", "uncordoned"): ("{subject}: uncordoned", "{subject}：恢复为可调度（uncordon）"),
-    ("priorityclass", "deleted"): ("PriorityClass {subject} deleted", "删除了 PriorityClass {subject}"),
-    ("priorityclass", "restored"): ("PriorityClass {subject} restored", "恢复了 PriorityClass {subject}"),
-    ("clusterpolicy", "restored"): ("ClusterPolicy {subject}: spec restored",
-                                    "ClusterPolicy {subject} 的 spec 恢复为之前的样子"),
-    ("clusterpolicy", "installed"): ("ClusterPolicy {subject}: spec as installed",
-                                     "ClusterPolicy {subject} 恢复为安装时的配置"),
-    ("configmap", "deleted"): ("ConfigMap {subject} deleted", "删除了 ConfigMap {subject}"),
-    ("configmap", "restored"): ("ConfigMap {subject} restored", "恢复了 ConfigMap {subject}"),
+    ("namespace", "deleted"): N_("namespace {subject} deleted"),
+    ("grant", "deleted"): N_("{detail} {subject} deleted"),
+    ("fault", "cleared"): N_("{subject}: fault {detail} cleared"),
+    ("fault", "set"): N_("{subject}: fault {detail} set again (it was there before)"),
+    ("label", "restored"): N_("{subject}: label {detail}={value} restored"),
+    ("label", "removed"): N_("{subject}: label {detail} removed"),
+    ("annotation", "restored"): N_("{subject}: annotation {detail}={value} restored"),
+    ("annotation", "removed"): N_("{subject}: annotation {detail} removed"),
+    ("taint", "removed"): N_("{subject}: taint {detail} removed"),
+    ("taint", "added"): N_("{subject}: taint {detail} put back"),
+    ("unschedulable", "cordoned"): N_("{subject}: cordoned again (as before)"),
+    ("unschedulable", "uncordoned"): N_("{subject}: uncordoned"),
+    ("priorityclass", "deleted"): N_("PriorityClass {subject} deleted"),
+    ("priorityclass", "restored"): N_("PriorityClass {subject} restored"),
+    ("clusterpolicy", "restored"): N_("ClusterPolicy {subject}: spec restored"),
+    ("clusterpolicy", "installed"): N_("ClusterPolicy {subject}: spec as installed"),
+    ("configmap", "deleted"): N_("ConfigMap {subject} deleted"),
+    ("configmap", "restored"): N_("ConfigMap {subject} restored"),
 }
+_UNNAMED = N_("{subject}: {what} {detail} {action}")
 
 
 @dataclass(frozen=True)
@@ -114,11 +113,11 @@ class Restored:
     detail: str = ""
     value: str = ""  # what a label or annotation was set back to
 
-    def text(self, lang: str = "en") -> str:
-        en, zh = _TEXT.get((self.what, self.action), ("{subject}: {what} {detail} {action}",) * 2)
-        template = zh if lang.startswith("zh") else en
-        return " ".join(template.format(subject=self.subject, detail=self.detail, value=self.value, what=self.what,
-                                        action=self.action).split())
+    def text(self) -> str:
+        """What was put back, in the user's language (Chinese in a lesson)."""
+        said = _(_TEXT.get((self.what, self.action), _UNNAMED), subject=self.subject, detail=self.detail,
+                 value=self.value, what=self.what, action=self.action)
+        return " ".join(said.split())
 
 
 def _key_changes(what: str, subject: str, patch: Mapping[str, str | None]) -> list[Restored]:
@@ -134,7 +133,7 @@ def taint_text(taint: Mapping[str, Any]) -> str:
 
 
 def _wait(fn: Callable[[], Any], timeout: float, what: str) -> Any:
-    return _poll.until(fn, timeout, lambda _: StackError(f"timed out after {timeout:.0f}s waiting for {what}"),
+    return _poll.until(fn, timeout, lambda last: StackError(f"timed out after {timeout:.0f}s waiting for {what}"),
                        max_interval=0.5)
 
 
@@ -347,7 +346,7 @@ def wait_settled(client: api.Client, nodes: Mapping[str, Mapping[str, Any]], tim
             since = time.monotonic()
         return time.monotonic() - since >= hold
 
-    _poll.until(settled_for_a_while, timeout, lambda _: StackError(
+    _poll.until(settled_for_a_while, timeout, lambda last: StackError(
         f"timed out after {timeout:.0f}s waiting for {what} (still: {last[0]})"), max_interval=0.5)
 
 
@@ -421,7 +420,7 @@ def resources_whole(client: api.Client, nodes: Iterable[str]) -> bool:
 def put_faults_back(cluster_root: Any, nodes: Iterable[str], want: Mapping[str, Any] | None = None) -> list[Restored]:
     """The GPU nodes' faults as ``want`` (a :func:`faults.snapshot`; default none), once the node agent applied them."""
     changed = faults.put_back(cluster_root, dict(want or {}), sorted(nodes))
-    for name in sorted({n for n, _, _ in changed}):
+    for name in sorted({n for n, *_rest in changed}):
         faults.wait_applied(cluster_root, name, timeout=15)
     return [Restored("fault", n, action, f.describe()) for n, action, f in changed]
 

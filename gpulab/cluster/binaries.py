@@ -36,6 +36,7 @@ from typing import Callable
 
 from .. import paths, versions
 from .._fsutil import hold_lock
+from ..i18n import _
 from ..runtime.images import AGNHOST_FILES
 
 GOBUILD = Path(__file__).resolve().parent / "gobuild"
@@ -244,7 +245,7 @@ class VersionRule:
         return f"{self.prefix}{'' if self.glued else ' '}{version}"
 
     def allowed(self) -> str:
-        major, minor, _ = _parse_version(self.wanted) or (0, 0, 0)
+        major, minor, _patch = _parse_version(self.wanted) or (0, 0, 0)
         return f"v{major}.{minor}.x"
 
 
@@ -306,7 +307,7 @@ def _is_built(build: Build) -> bool:
     except ValueError:
         return False
     return data.get("stamp") == _stamp(build) and all(
-        (build.bin_dir / out).is_file() for _, out in build.programs
+        (build.bin_dir / out).is_file() for _package, out in build.programs
     ) and (build.name != "kwok" or all((build.bin_dir / "kwok-crds" / crd).is_file() for crd in KWOK_CRDS)
            ) and (build.name != "agnhost" or all((build.bin_dir / f).is_file() for f in AGNHOST_FILES))
 
@@ -369,7 +370,7 @@ def _build(build: Build, go: str, progress: Progress) -> None:
     for f in files:
         shutil.copyfile(f, work / f.name)
     env = dict(os.environ, CGO_ENABLED="0", GOFLAGS="-mod=mod")
-    pkgs = [p for p, _ in build.programs]
+    pkgs = [p for p, _out in build.programs]
     progress(f"{build.name} {build.version}: downloading modules")
     _run_go(go, ["mod", "download"], work, env, f"go mod download for {build.name}")
     deps = _run_go(go, ["list", "-deps", *(["-tags", build.tags] if build.tags else []), *pkgs], work, env,
@@ -548,7 +549,7 @@ def ensure(progress: Progress | None = None, for_up: bool = False) -> Binaries:
     found: dict[str, Path] = {}
     built: dict[str, str] = {}
     for b in BUILDS:
-        for _, out in b.programs:
+        for _package, out in b.programs:
             found[out] = b.bin_dir / out
             built[out] = b.version
     kwok = next(b for b in BUILDS if b.name == "kwok")
@@ -593,7 +594,8 @@ def _build_locked(todo: list[Build], go: str, say: Progress, interval: float = 5
         for b in todo:
             if _is_built(b):  # the process we waited for built it
                 continue
-            say(f"building {b.name} {b.version} from the Go module proxy (once; later runs reuse it)")
+            say(_("building {name} {version} from the Go module proxy (once; later runs reuse it)", name=b.name,
+                  version=b.version))
             lock.note(f"building {b.name} {b.version}")
 
             def progress(msg: str, b: Build = b) -> None:

@@ -16,6 +16,7 @@ from typing import Callable
 import yaml
 
 from .. import _poll, paths
+from ..i18n import _
 from ..kube import api
 
 NAMESPACE = "kube-system"
@@ -48,9 +49,9 @@ def wait(kubeconfig: Path, say: Callable[[str], None], timeout: float = 60.0) ->
     client = api.Client(kubeconfig)
     started = time.monotonic()
     try:
-        _poll.until(lambda: ready(client), timeout, lambda _: TimeoutError(), interval=0.25)
+        _poll.until(lambda: ready(client), timeout, lambda last: TimeoutError(), interval=0.25)
     except TimeoutError:
-        say(f"cluster DNS not ready after {timeout:.0f} s; "
-            f"see `kubectl -n {NAMESPACE} describe pod -l k8s-app=kube-dns`")
+        say(_("cluster DNS not ready after {seconds:.0f} s; "
+              "see `kubectl -n {namespace} describe pod -l k8s-app=kube-dns`", seconds=timeout, namespace=NAMESPACE))
         return
-    say(f"cluster DNS ready in {time.monotonic() - started:.1f} s (kube-system/coredns)")
+    say(_("cluster DNS ready in {seconds:.1f} s (kube-system/coredns)", seconds=time.monotonic() - started))

@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import paths
+from ..i18n import _, ngettext
 from .._fsutil import hold_lock, remove_tree
 from .base import ClusterError, Say
 from .base import say_to_stderr as _say
@@ -82,8 +83,8 @@ def drop_legacy_adapter(client: api.Client, say: Say) -> None:
             client.delete("APIService", name)
     if client.get("Namespace", LEGACY_ADAPTER_NAMESPACE):
         client.delete("Namespace", LEGACY_ADAPTER_NAMESPACE)
-        say("removed the old built-in custom metrics adapter (namespace custom-metrics); "
-            "custom metrics come from `gpulab addon install monitoring` now")
+        say(_("removed the old built-in custom metrics adapter (namespace custom-metrics); "
+              "custom metrics come from `gpulab addon install monitoring` now"))
 
 
 def components() -> tuple[str, ...]:
@@ -129,7 +130,8 @@ class EmbeddedCluster(StateDir):
                 mode = d.stat().st_mode
                 if not mode & stat.S_IXOTH:
                     d.chmod(stat.S_IMODE(mode) | stat.S_IXOTH)
-                    say(f"{d}: added o+x (search only), so pod processes, which run as nobody, can reach {target}")
+                    say(_("{directory}: added o+x (search only), so pod processes, which run as nobody, can reach "
+                          "{target}", directory=d, target=target))
 
     def _exclusive(self, purpose: str, say: Say):
         """One command at a time changes this cluster: a second `gpulab up` (a notebook's setup
@@ -149,17 +151,16 @@ class EmbeddedCluster(StateDir):
             topo = load_topology(topology_path)
             stored = state.get("topology")
             if stored and Path(stored).resolve() != topo.source.resolve():
-                raise ClusterError(
-                    f"a cluster with topology {stored} already exists in {self.root}; "
+                raise ClusterError(_(
+                    "a cluster with topology {topology} already exists in {path}; "
                     "`gpulab reset --topology FILE` switches topologies (it wipes the cluster's objects), "
-                    "or `gpulab down --purge` deletes it"
-                )
+                    "or `gpulab down --purge` deletes it", topology=stored, path=self.root))
         else:
             topo = load_topology(state.get("topology"))
         running = self.running()
         wanted = components()
         if set(running) == set(wanted):
-            return f"cluster already running ({len(topo.nodes)} nodes); kubeconfig: {self.kubeconfig}"
+            return _("cluster already running ({n} nodes); kubeconfig: {path}", n=len(topo.nodes), path=self.kubeconfig)
         if "node-agent" not in running:
             # Before anything starts: pods need a sandbox, and this says why there is none and what to do.
             try:
@@ -170,7 +171,7 @@ class EmbeddedCluster(StateDir):
             raise ClusterError(str(kubeproxy.nft_missing()))
         if running:
             down = [c for c in wanted if c not in running]
-            say(f"restarting stopped components: {', '.join(down)} (objects are kept)")
+            say(_("restarting stopped components: {components} (objects are kept)", components=", ".join(down)))
 
         bins = binaries.ensure(say, for_up=True)
         started = time.monotonic()
@@ -195,7 +196,7 @@ class EmbeddedCluster(StateDir):
                 todo = [n for n in wave if n not in running]
                 if not todo:
                     continue
-                say(f"starting {', '.join(todo)}")
+                say(_("starting {components}", components=", ".join(todo)))
                 if "metrics-server" in todo:
                     # Its RBAC and APIService first (the port may have moved): it reads its
                     # authentication config from kube-system as it starts.
@@ -209,7 +210,7 @@ class EmbeddedCluster(StateDir):
                 if "kube-apiserver" in wave:
                     nodes.bootstrap(self, topo, bins.kwok_crds, say)
             nodes.wait_ready(self, topo, timeout=max(10.0, timeout - (time.monotonic() - started)))
-            say(f"{len(topo.nodes)} nodes Ready after {time.monotonic() - started:.1f} s")
+            say(_("{n} nodes Ready after {seconds:.1f} s", n=len(topo.nodes), seconds=time.monotonic() - started))
             from ..fakegpu import operator as gpu_operator
 
             # The stack's pods live on across a restart of the node agent (it adopts
@@ -235,8 +236,8 @@ class EmbeddedCluster(StateDir):
                 raise ClusterError(str(e)) from None
             raise
         took = time.monotonic() - started
-        return (f"cluster up in {took:.1f} s: {len(topo.nodes)} nodes Ready "
-                f"({len(topo.gpu_nodes)} with GPUs); kubeconfig: {self.kubeconfig}")
+        return _("cluster up in {seconds:.1f} s: {n} nodes Ready ({gpu_nodes} with GPUs); kubeconfig: {path}",
+                 seconds=took, n=len(topo.nodes), gpu_nodes=len(topo.gpu_nodes), path=self.kubeconfig)
 
     def status(self) -> dict[str, Any]:
         """What `gpulab status` shows: every component up (its pid) or down, each node's GPUs."""
@@ -262,11 +263,12 @@ class EmbeddedCluster(StateDir):
                 if prev:
                     # The apiserver port is in every kubeconfig; a moved port
                     # is worth telling about.
-                    _say(f"port {prev} ({key}) is held by {who_listens(prev)}; using another")
+                    _say(_("port {port} ({purpose}) is held by {holder}; using another", port=prev, purpose=key,
+                           holder=who_listens(prev)))
                 # A port is taken only once its component listens: the kernel may hand out the same free
                 # port twice meanwhile, so draw again until it is one this cluster has not got yet.
                 port = free_port()
-                for _ in range(50):
+                for _attempt in range(50):
                     if port not in ports.values():
                         break
                     port = free_port()
@@ -280,7 +282,7 @@ class EmbeddedCluster(StateDir):
         server = f"https://127.0.0.1:{api_port}"
         ca = self.pki / "ca.crt"
         kubeconfig.write(self.kubeconfig, server, ca, self.pki / "admin.crt", self.pki / "admin.key")
-        for stem, cn, _ in pki.COMPONENTS:
+        for stem, cn, _key in pki.COMPONENTS:
             if stem == "admin":
                 continue
             kubeconfig.write(self.root / "kubeconfigs" / f"{stem}.yaml", server, ca,
@@ -459,10 +461,11 @@ class EmbeddedCluster(StateDir):
 
             remove_socket_dirs(self.root)
             remove_tree(self.root)
-            return f"cluster stopped and deleted ({self.root})"
+            return _("cluster stopped and deleted ({path})", path=self.root)
         if not stopped:
-            return "no cluster processes were running"
-        return f"stopped {', '.join(stopped)}; state kept in {self.root} (`gpulab up` resumes it)"
+            return _("no cluster processes were running")
+        return _("stopped {components}; state kept in {path} (`gpulab up` resumes it)",
+                 components=", ".join(stopped), path=self.root)
 
     def _stop_leftovers(self, say: Say) -> None:
         """Stop what outlives the cluster's components, once they are stopped: whatever stops the cluster
@@ -471,7 +474,8 @@ class EmbeddedCluster(StateDir):
             # Containers outlive a killed node agent under their shims; with the node down, they stop.
             orphans = shim.stop_orphans(self.root / "pods")
             if orphans:
-                say(f"stopped {orphans} container(s) left running by a node agent that died")
+                say(ngettext("stopped {n} container left running by a node agent that died",
+                             "stopped {n} containers left running by a node agent that died", orphans))
             network.stop_sandboxes(self.root)
         finally:
             # The pod network's namespace outlives a crash of the node agent that made it (its holder runs

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import yaml
 
+from ..i18n import _
 from ..kube.names import POD_CIDR
 from ..runtime import network
 
@@ -34,8 +35,8 @@ def nft_missing() -> str | None:
     """Why kube-proxy cannot run here, or None: it needs ``nft`` (``apt-get install nftables``)."""
     if shutil.which("nft", path=network.TOOL_PATH):
         return None
-    return ("kube-proxy (nftables mode) needs the `nft` program: install Debian's nftables package "
-            "(sudo apt-get install -y nftables; it is in apt.txt)")
+    return _("kube-proxy (nftables mode) needs the `nft` program: install Debian's nftables package "
+             "(sudo apt-get install -y nftables; it is in apt.txt)")
 
 
 def config(cluster_dir: Path, node: str) -> Path:

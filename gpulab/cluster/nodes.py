@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import yaml
 
 from .. import _poll
+from ..i18n import _
 from ..kube import api
 from .base import ClusterError
 from ..kube.names import LOOPBACK_NODE_ADDRESS, NODE_ANNOTATION, PROVISIONER, STORAGE_CLASS, node_address
@@ -157,7 +158,7 @@ def bootstrap(cluster: "EmbeddedCluster", topo: Topology, crds: tuple[Path, ...]
             # A node registered before gpulab served resource metrics.
             client.patch("Node", spec.name, {"metadata": {"annotations": {PATH_ANNOTATION: node_path(spec.name)}}})
     if created:
-        say(f"registered {created} nodes from topology {topo.name!r}")
+        say(_("registered {n} nodes from topology {topology!r}", n=created, topology=topo.name))
 
 
 def wait_ready(cluster: "EmbeddedCluster", topo: Topology, timeout: float) -> None:
@@ -175,7 +176,6 @@ def wait_ready(cluster: "EmbeddedCluster", topo: Topology, timeout: float) -> No
         not_ready = want - ready
         return not not_ready
 
-    _poll.until(all_ready, timeout, lambda _: ClusterError(
-        f"nodes not Ready after {timeout:.0f} s: {', '.join(sorted(not_ready))}; "
-        f"see {cluster.procs.log('kwok')}"
-    ), interval=0.2)
+    _poll.until(all_ready, timeout, lambda last: ClusterError(_(
+        "nodes not Ready after {seconds:.0f} s: {nodes}; see {log}", seconds=timeout,
+        nodes=", ".join(sorted(not_ready)), log=cluster.procs.log("kwok"))), interval=0.2)

@@ -21,7 +21,7 @@ import urllib.request
 from pathlib import Path
 from typing import Callable
 
-from .. import _poll, _proc
+from .. import _poll, _proc, i18n
 
 
 @dataclasses.dataclass
@@ -136,7 +136,9 @@ class ProcessTable:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
-                env=comp.env or os.environ.copy(),
+                # Components log in English, whatever the language of the `gpulab up` that starts them:
+                # LANGUAGE is what gettext reads first (gpulab/i18n.py), and it moves nothing but messages.
+                env={**(comp.env or os.environ), "LANGUAGE": i18n.ENGLISH},
                 close_fds=True,
             )
         self._record(comp.name).write_text(json.dumps({"pid": proc.pid, "argv0": comp.argv0 or comp.argv[0]}))

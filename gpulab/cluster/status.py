@@ -12,6 +12,7 @@ from typing import Any
 
 from kubernetes.utils import parse_quantity
 
+from ..i18n import _, pad
 from ..kube import api
 from ..kube.names import ALLOCATED_DEVICES_ANNOTATION
 from .base import Cluster
@@ -101,30 +102,35 @@ def collect(cluster: Cluster, components: tuple[str, ...]) -> dict[str, Any]:
 
 def render(st: dict[str, Any]) -> str:
     if not st["exists"]:
-        return "no cluster yet: `gpulab up` creates one"
-    lines = [f"backend: {st['backend']}   state: {st['dir']}", f"kubeconfig: {st['kubeconfig']}", ""]
-    lines.append("COMPONENT                 STATE   PID")
+        return _("no cluster yet: `gpulab up` creates one")
+    lines = [_("backend: {backend}   state: {path}", backend=st["backend"], path=st["dir"]),
+             _("kubeconfig: {path}", path=st["kubeconfig"]), ""]
+    lines.append(" ".join((pad(_("COMPONENT"), 25), pad(_("STATE"), 7), _("PID"))))
     for name, c in st["components"].items():
         lines.append(f"{name:<25} {c['state']:<7} {c.get('pid', '')}")
     if st.get("error"):
         lines += ["", st["error"]]
     if st["nodes"]:
-        lines += ["", f"{'NODE':<14} {'READY':<6} {'GPU':<26} {'RESOURCE':<24} {'CAP':>4} {'ALLOC':>6} {'USED':>5}  TAINTS"]
+        lines += ["", " ".join((pad(_("NODE"), 14), pad(_("READY"), 6), pad(_("GPU"), 26), pad(_("RESOURCE"), 24),
+                                pad(_("CAP"), 4, right=True), pad(_("ALLOC"), 6, right=True),
+                                pad(_("USED"), 5, right=True), " " + _("TAINTS")))]
         for n in st["nodes"]:
             taints = ",".join(n["taints"]) or "<none>"
             rows = list(n["resources"].items()) or [("-", None)]
+            ready = _("yes") if n["ready"] else _("no")
             for i, (res, v) in enumerate(rows):
                 first = i == 0
                 cap = alloc = used = ""
                 if v:
                     cap, alloc, used = str(v["capacity"]), str(v["allocatable"]), str(v["allocated"])
                 lines.append(
-                    f"{n['name'] if first else '':<14} {('yes' if n['ready'] else 'no') if first else '':<6} "
+                    f"{n['name'] if first else '':<14} {pad(ready if first else '', 6)} "
                     f"{(n['gpuModel'] or '-') if first else '':<26} {res:<24} {cap:>4} {alloc:>6} {used:>5}  "
                     f"{taints if first else ''}")
     held = [(n["name"], d) for n in st["nodes"] for d in n.get("devices", [])]
     if held:
-        lines += ["", f"{'NODE':<14} {'POD':<40} {'CONTAINER':<16} {'RESOURCE':<24} DEVICES"]
+        lines += ["", " ".join((pad(_("NODE"), 14), pad(_("POD"), 40), pad(_("CONTAINER"), 16), pad(_("RESOURCE"), 24),
+                                _("DEVICES")))]
         for node, d in held:
             lines.append(f"{node:<14} {d['pod']:<40} {d['container']:<16} {d['resource']:<24} {','.join(d['ids'])}")
     return "\n".join(lines)

@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Iterable
 
 from .. import _poll
+from ..i18n import N_, _
 from . import nvidiasmi
 
 __all__ = [
@@ -82,14 +83,15 @@ CUDA_DRIVER_TOO_OLD = nvidiasmi.FAULT_CUDA_DRIVER_TOO_OLD
 NO_DEVICES = nvidiasmi.FAULT_NO_DEVICES
 FABRIC_MANAGER_DOWN = nvidiasmi.FAULT_FABRIC_MANAGER_DOWN
 
-#: Kind -> what a learner sees, for ``gpulab fault list`` and errors.
+#: Kind -> what a learner sees, for ``gpulab fault list`` and errors (marked for the catalog: the CLI shows
+#: ``_(KINDS[kind])``). The last three quote what CUDA itself reports, which a translation keeps.
 KINDS = {
-    GPU_UNHEALTHY: "one GPU reports Xid 79; the device plugin marks it Unhealthy (allocatable drops)",
-    DEVICE_PLUGIN_DOWN: "the device plugin crash-loops; the node's GPU resources go to 0 allocatable",
-    DRIVER_UNREACHABLE: "nvidia-smi cannot talk to the driver; plugin and GFD crash",
-    CUDA_DRIVER_TOO_OLD: "CUDA driver version is insufficient for CUDA runtime version",
-    NO_DEVICES: "no CUDA-capable device is detected (inside containers)",
-    FABRIC_MANAGER_DOWN: "system not yet initialized (nvidia-fabricmanager is down)",
+    GPU_UNHEALTHY: N_("one GPU reports Xid 79; the device plugin marks it Unhealthy (allocatable drops)"),
+    DEVICE_PLUGIN_DOWN: N_("the device plugin crash-loops; the node's GPU resources go to 0 allocatable"),
+    DRIVER_UNREACHABLE: N_("nvidia-smi cannot talk to the driver; plugin and GFD crash"),
+    CUDA_DRIVER_TOO_OLD: N_("CUDA driver version is insufficient for CUDA runtime version"),
+    NO_DEVICES: N_("no CUDA-capable device is detected (inside containers)"),
+    FABRIC_MANAGER_DOWN: N_("system not yet initialized (nvidia-fabricmanager is down)"),
 }
 
 #: A driver fault wins over those after it when several are set.
@@ -193,7 +195,7 @@ def wait_applied(cluster_dir: Path, node: str, timeout: float = 5.0) -> bool:
             return False
 
     try:
-        return _poll.until(applied, timeout, lambda _: _TimedOut(), interval=0.05)
+        return _poll.until(applied, timeout, lambda last: _TimedOut(), interval=0.05)
     except _TimedOut:
         return False
 
@@ -219,16 +221,19 @@ def save(cluster_dir: Path, node: str, faults: Iterable[Fault]) -> None:
 def inject(cluster_dir: Path, gpu_nodes: dict[str, int], node: str, kind: str, gpu: int | None = None) -> Fault:
     """Set a fault on ``node``; ``gpu_nodes`` maps GPU node names to their GPU counts."""
     if kind not in KINDS:
-        raise FaultError(f"unknown fault {kind!r}; allowed: {', '.join(KINDS)}")
+        raise FaultError(_("unknown fault {kind!r}; allowed: {kinds}", kind=kind, kinds=", ".join(KINDS)))
     if node not in gpu_nodes:
-        have = ", ".join(sorted(gpu_nodes)) or "none"
-        raise FaultError(f"node {node!r} has no GPUs in this cluster's topology (GPU nodes: {have})")
+        have = ", ".join(sorted(gpu_nodes)) or _("none")
+        raise FaultError(_("node {node!r} has no GPUs in this cluster's topology (GPU nodes: {nodes})",
+                           node=node, nodes=have))
     if kind == GPU_UNHEALTHY:
         gpu = 0 if gpu is None else gpu
         if not 0 <= gpu < gpu_nodes[node]:
-            raise FaultError(f"{node} has GPUs 0-{gpu_nodes[node] - 1}; there is no GPU {gpu}")
+            raise FaultError(_("{node} has GPUs 0-{last}; there is no GPU {gpu}", node=node,
+                               last=gpu_nodes[node] - 1, gpu=gpu))
     elif gpu is not None:
-        raise FaultError(f"--gpu applies to {GPU_UNHEALTHY} only; {kind} affects the whole node")
+        raise FaultError(_("--gpu applies to {gpu_kind} only; {kind} affects the whole node",
+                           gpu_kind=GPU_UNHEALTHY, kind=kind))
     fault = Fault(kind, gpu, time.time())
     current = [f for f in load(cluster_dir, node).faults if (f.kind, f.gpu) != (kind, gpu)]
     save(cluster_dir, node, [*current, fault])
@@ -238,7 +243,7 @@ def inject(cluster_dir: Path, gpu_nodes: dict[str, int], node: str, kind: str, g
 def clear(cluster_dir: Path, nodes: Iterable[str], kind: str | None = None) -> list[tuple[str, Fault]]:
     """Clear faults (all, or those of ``kind``) on ``nodes``; returns what was cleared."""
     if kind is not None and kind not in KINDS:
-        raise FaultError(f"unknown fault {kind!r}; allowed: {', '.join(KINDS)}")
+        raise FaultError(_("unknown fault {kind!r}; allowed: {kinds}", kind=kind, kinds=", ".join(KINDS)))
     cleared: list[tuple[str, Fault]] = []
     for node in nodes:
         current = load(cluster_dir, node).faults

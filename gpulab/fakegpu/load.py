@@ -24,6 +24,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from ..i18n import _
 from ..kube import api
 from .llmserver import IMAGE, MAX_TOKENS_LIMIT
 
@@ -44,14 +45,15 @@ def parse_target(target: str) -> str:
     """``svc/llm`` -> ``"llm"``."""
     kind, sep, name = target.partition("/")
     if not sep or not name:
-        raise LoadError(f"target {target!r}: expected svc/NAME, the Service that receives the requests "
-                        f"(e.g. svc/llm)")
+        raise LoadError(_("target {target!r}: expected svc/NAME, the Service that receives the requests "
+                          "(e.g. svc/llm)", target=target))
     if kind.lower() not in KINDS:
-        raise LoadError(f"target {target!r}: traffic goes to a Service, not a {kind!r}; "
-                        f"use svc/NAME (kinds: {', '.join(KINDS)})")
+        raise LoadError(_("target {target!r}: traffic goes to a Service, not a {kind!r}; "
+                          "use svc/NAME (kinds: {kinds})", target=target, kind=kind, kinds=", ".join(KINDS)))
     if not re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", name) or len(name) > 63:
-        raise LoadError(f"target {target!r}: {name!r} is not a valid Service name "
-                        f"(lowercase letters, digits and '-', starting with a letter, at most 63)")
+        raise LoadError(_("target {target!r}: {name!r} is not a valid Service name "
+                          "(lowercase letters, digits and '-', starting with a letter, at most 63)",
+                          target=target, name=name))
     return name
 
 
@@ -60,16 +62,17 @@ def parse_rps(value: str) -> float:
     try:
         rps = float(str(value).strip())
     except ValueError:
-        raise LoadError(f"rate {value!r}: expected requests per second, a number such as 5 or 0.5 "
-                        f"(0 stops the traffic)") from None
+        raise LoadError(_("rate {value!r}: expected requests per second, a number such as 5 or 0.5 "
+                          "(0 stops the traffic)", value=value)) from None
     if rps != rps or rps < 0 or rps > MAX_RPS:  # NaN fails the first test
-        raise LoadError(f"rate {value!r}: must be between 0 and {MAX_RPS} requests per second")
+        raise LoadError(_("rate {value!r}: must be between 0 and {most} requests per second", value=value,
+                          most=MAX_RPS))
     return rps
 
 
 def parse_max_tokens(value: int) -> int:
     if not 1 <= value <= MAX_TOKENS_LIMIT:
-        raise LoadError(f"--max-tokens {value}: must be between 1 and {MAX_TOKENS_LIMIT}")
+        raise LoadError(_("--max-tokens {value}: must be between 1 and {most}", value=value, most=MAX_TOKENS_LIMIT))
     return value
 
 
@@ -80,19 +83,20 @@ def generator_name(service: str) -> str:
 def service_url(service: dict[str, Any], port: str | None = None) -> str:
     """The completions URL of ``service`` by its DNS name; ``port`` picks one of its ports (name or number)."""
     meta, ports = service["metadata"], (service.get("spec") or {}).get("ports") or []
-    where = f"Service {meta.get('namespace', 'default')}/{meta['name']}"
+    where = f"{meta.get('namespace', 'default')}/{meta['name']}"
     if (service.get("spec") or {}).get("clusterIP") == "None":
-        raise LoadError(f"{where} is headless (clusterIP: None): it has no virtual IP for kube-proxy to "
-                        f"balance; send traffic to a Service with a ClusterIP")
+        raise LoadError(_("Service {service} is headless (clusterIP: None): it has no virtual IP for kube-proxy to "
+                          "balance; send traffic to a Service with a ClusterIP", service=where))
     if not ports:
-        raise LoadError(f"{where} has no ports")
+        raise LoadError(_("Service {service} has no ports", service=where))
     if port is None:
         chosen = ports[0]
     else:
         chosen = next((p for p in ports if port in (p.get("name"), str(p.get("port")))), None)
         if chosen is None:
             allowed = ", ".join(f"{p.get('name') or '-'}:{p['port']}" for p in ports)
-            raise LoadError(f"{where} has no port {port!r}; its ports: {allowed}")
+            raise LoadError(_("Service {service} has no port {port!r}; its ports: {ports}", service=where, port=port,
+                              ports=allowed))
     return f"http://{meta['name']}.{meta.get('namespace', 'default')}.svc:{chosen['port']}{PATH}"
 
 
@@ -132,16 +136,22 @@ def set_load(client: api.Client, target: str, rps: str, namespace: str, max_toke
     parse_max_tokens(max_tokens)
     service = client.get("Service", name, namespace)
     if service is None:
-        raise LoadError(f"Service {namespace}/{name} not found (kubectl -n {namespace} get services)")
+        raise LoadError(_("Service {namespace}/{name} not found (kubectl -n {namespace} get services)",
+                          namespace=namespace, name=name))
     deployment = generator_name(name)
     if rate == 0:
         if client.get("Deployment", deployment, namespace) is None:
-            return f"no traffic to service/{name}: nothing to stop"
+            return _("no traffic to service/{name}: nothing to stop", name=name)
         client.delete("Deployment", deployment, namespace)
-        return f"deployment.apps/{deployment} deleted: no more traffic to service/{name}"
+        return _("deployment.apps/{deployment} deleted: no more traffic to service/{name}", deployment=deployment,
+                 name=name)
     manifest = generator(service, rate, max_tokens, port)
     url = manifest["spec"]["template"]["spec"]["containers"][0]["args"][1]
-    verb = "configured" if client.get("Deployment", deployment, namespace) is not None else "created"
+    existed = client.get("Deployment", deployment, namespace) is not None
     client.apply(manifest)
-    return (f"deployment.apps/{deployment} {verb}: {rate:g} requests/s of {max_tokens} tokens to {url} "
-            f"(kubectl logs deploy/{deployment} -f)")
+    done = dict(deployment=deployment, rate=rate, tokens=max_tokens, url=url)
+    if existed:
+        return _("deployment.apps/{deployment} configured: {rate:g} requests/s of {tokens} tokens to {url} "
+                 "(kubectl logs deploy/{deployment} -f)", **done)
+    return _("deployment.apps/{deployment} created: {rate:g} requests/s of {tokens} tokens to {url} "
+             "(kubectl logs deploy/{deployment} -f)", **done)

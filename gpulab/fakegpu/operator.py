@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import yaml
 
 from .. import _poll, paths
+from ..i18n import _
 from ..kube import api
 from ..runtime import programs
 from . import gfd, mig
@@ -545,9 +546,10 @@ def install(kubeconfig: Path, say: Callable[[str], None], since: float = 0.0, ti
 
     try:
         # The timeout counts from the start of the install, not of this wait.
-        _poll.until(up, timeout - (time.monotonic() - started), lambda _: _TimedOut(), interval=0.5)
+        _poll.until(up, timeout - (time.monotonic() - started), lambda last: _TimedOut(), interval=0.5)
     except _TimedOut:
-        say(f"GPU Operator not ready after {timeout:.0f} s ({waiting}); see `kubectl -n {NAMESPACE} get pods` "
-            "and `gpulab fault list`")
+        say(_("GPU Operator not ready after {seconds:.0f} s ({waiting}); see `kubectl -n {namespace} get pods` "
+              "and `gpulab fault list`", seconds=timeout, waiting=waiting, namespace=NAMESPACE))
         return
-    say(f"GPU Operator ready in {time.monotonic() - started:.1f} s (clusterpolicy/{POLICY_NAME}: ready)")
+    say(_("GPU Operator ready in {seconds:.1f} s (clusterpolicy/{policy}: ready)", seconds=time.monotonic() - started,
+          policy=POLICY_NAME))

@@ -61,6 +61,7 @@ from typing import Any, Protocol
 from gpulab import marks
 from gpulab._fsutil import atomic_write_bytes, atomic_write_json, atomic_write_text, locked
 
+from ..i18n import _
 from .checks import Check, CheckOutcome, CheckSuite, Context, group_by_kind, load_hidden_checks, load_lab_checks
 from .record import ResultsError, load_results
 from .runner import ErrorKind, Execution, Runner
@@ -266,16 +267,19 @@ class BatchResult:
     gradebook_rows: int | None = None  # rows in the merged gradebook, this batch's and earlier ones
 
     def summary_text(self) -> str:
-        """A short English report for the CLI: counts per status and where the files are."""
+        """A short report for the CLI, in the user's language: counts per status and where the files are."""
         counts: dict[str, int] = {}
         for row in self.rows:
             counts[row.status] = counts.get(row.status, 0) + 1
         graded = [r.total for r in self.rows if r.total is not None]
-        mean = f", mean {_fmt(sum(graded) / len(graded))}/{_fmt(self.suite.max_points)}" if graded else ""
-        statuses = ", ".join(f"{status} {n}" for status, n in sorted(counts.items()))
-        kept = f" ({self.gradebook_rows} row(s))" if self.gradebook_rows is not None else ""
-        return (f"lab {self.lab}: {len(self.rows)} submission(s) ({statuses or 'none'}){mean}\n"
-                f"gradebook: {self.gradebook}{kept}\nfeedback:  {self.out_dir / 'feedback'}")
+        statuses = ", ".join(f"{status} {n}" for status, n in sorted(counts.items())) or _("none")
+        head = _("lab {lab}: {n} submission(s) ({statuses})", lab=self.lab, n=len(self.rows), statuses=statuses)
+        if graded:
+            head += _(", mean {mean}/{most}", mean=_fmt(sum(graded) / len(graded)), most=_fmt(self.suite.max_points))
+        book = _("gradebook: {path}", path=self.gradebook)
+        if self.gradebook_rows is not None:
+            book += _(" ({n} row(s))", n=self.gradebook_rows)
+        return "\n".join((head, book, _("feedback:  {path}", path=self.out_dir / "feedback")))
 
 
 def _fmt(value: float | None) -> str:
@@ -384,7 +388,7 @@ def _check_lab(path: Path, lab: str, rows: Iterable[Mapping[str, str]]) -> None:
 def check_out_dir(out_dir: str | Path, lab: str) -> None:
     """Raise :class:`GradebookError` unless ``out_dir`` is new or already holds grades of ``lab``."""
     out = Path(out_dir)
-    _, rows = _read_table(out / GRADEBOOK)
+    _header, rows = _read_table(out / GRADEBOOK)
     _check_lab(out / GRADEBOOK, lab, rows)
     found = _details_lab(out / DETAILS)
     if found and not _same_lab(found, lab):
@@ -648,7 +652,7 @@ class TqdmProgress:
     """A ``progress`` callback drawing a tqdm bar (on stderr) with the last learner's status."""
 
     def __init__(self, **tqdm_options: Any):
-        self.options = {"unit": "份", "desc": "grading", **tqdm_options}
+        self.options = {"unit": "份", "desc": _("grading"), **tqdm_options}
         self.bar: Any = None
 
     def __call__(self, event: ProgressEvent) -> None:

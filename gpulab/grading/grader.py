@@ -26,6 +26,7 @@ from gpulab.cluster.base import Cluster
 from gpulab._fsutil import atomic_write_json
 from gpulab.kube import api
 
+from ..i18n import _
 from .checks import CheckLoadError, CheckSuite, load_hidden_checks, load_lab_checks
 from .cluster import ClusterCollector, ClusterSandbox, LabSpec, SandboxError, delete_leftovers, load_lab_spec
 from .gradebook import (
@@ -59,7 +60,8 @@ def lab_of_notebook(path: str | Path) -> str:
     """``labs/03-taints-tolerations.ipynb`` → ``"03"``."""
     match = re.match(r"^(\d+)", Path(path).name)
     if not match:
-        raise GradingError(f"{path}: a lab notebook's name starts with its number (e.g. 03-taints-tolerations.ipynb)")
+        raise GradingError(_("{path}: a lab notebook's name starts with its number (e.g. 03-taints-tolerations.ipynb)",
+                             path=path))
     return f"{int(match.group(1)):02d}"
 
 
@@ -68,7 +70,7 @@ def _cluster(cluster: Cluster | None = None) -> Cluster:
 
     cluster = cluster or backend.current()
     if not cluster.exists() or not cluster.is_up():
-        raise GradingError(f"the cluster in {cluster.root} is not running: start it with `gpulab up`")
+        raise GradingError(_("the cluster in {path} is not running: start it with `gpulab up`", path=cluster.root))
     return cluster
 
 
@@ -107,7 +109,7 @@ def setup(lab: str | LabSpec, *, cluster: Cluster | None = None, hidden: str | P
     try:
         ensure_secret()
     except (SecretError, OSError) as exc:
-        raise GradingError(f"cannot read or create the grading secret: {exc}") from exc
+        raise GradingError(_("cannot read or create the grading secret: {error}", error=exc)) from exc
     try:
         suite = load_lab_checks(spec.lab)
         if hidden is not None:
@@ -142,7 +144,7 @@ def grade_submissions(submissions_dir: str | Path, lab: str, out_dir: str | Path
     """
     submissions_dir, out_dir = Path(submissions_dir), Path(out_dir)
     if not submissions_dir.is_dir():
-        raise GradingError(f"{submissions_dir}: no such directory of submissions")
+        raise GradingError(_("{path}: no such directory of submissions", path=submissions_dir))
     learners = None if learners is None else list(learners)
     spec = _spec(lab)  # the lab's settings, loaded once for the whole batch
     try:  # before the cluster and the jail: a wrong name or folder is told at once

@@ -34,6 +34,7 @@ from typing import Any
 
 from gpulab import _proc
 from gpulab._fsutil import atomic_write_json, locked
+from gpulab.i18n import _
 from gpulab.cluster.baseline import Restored
 
 VERSION = 1
@@ -122,9 +123,12 @@ class Owner:
         return _proc.alive(self.pid, self.started)
 
     def describe(self) -> str:
+        """Which process, in the user's language: its pid (and host, if another), command and start."""
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.started))
-        where = f" on {self.host}" if not self.here() else ""
-        return f"pid {self.pid}{where} ({self.command or '?'}), started {when}"
+        if self.here():
+            return _("pid {pid} ({command}), started {when}", pid=self.pid, command=self.command or "?", when=when)
+        return _("pid {pid} on {host} ({command}), started {when}", pid=self.pid, host=self.host,
+                 command=self.command or "?", when=when)
 
 
 # --------------------------------------------------------------------------- one journal
@@ -217,43 +221,31 @@ class Outcome:
     error: str = ""
     path: Path | None = None
 
-    def lines(self, lang: str = "en") -> list[str]:
-        zh = lang.startswith("zh")
+    def lines(self) -> list[str]:
+        """What a person is told of this outcome, in the user's language (Chinese in a lesson)."""
         rec = self.journal.record if self.journal else {}
-        lab, ns = rec.get("lab", "?"), rec.get("namespace", "?")
         owner = self.journal.owner if self.journal else None
-        path = self.path or (self.journal.path if self.journal else "?")
+        facts = {"lab": rec.get("lab", "?"), "namespace": rec.get("namespace", "?"),
+                 "owner": owner.describe() if owner else "?",
+                 "path": self.path or (self.journal.path if self.journal else "?"), "error": self.error}
+        # TRANSLATORS: one thing a recovery put back, indented under the line that says whose it was.
+        done = [_("  {change}", change=r.text()) for r in self.restored]
         if self.status == "restored":
-            if zh:
-                head = f"上次评分（{lab}，命名空间 {ns}，进程 {owner.pid if owner else '?'}）被中断，留下了对集群的改动，已还原："
-                return [head, *(f"  ↩ {r.text('zh')}" for r in self.restored)] if self.restored else \
-                    [f"上次评分（{lab}，命名空间 {ns}）被中断；集群已是评分前的样子，无需还原。"]
-            head = (f"an interrupted grader ({owner.describe() if owner else '?'}) left lab {lab} set up "
-                    f"for {ns}; restored:")
-            return [head, *(f"  {r.text()}" for r in self.restored)] if self.restored else \
-                [f"an interrupted grader ({owner.describe() if owner else '?'}) left a journal for {ns}; "
-                 "the cluster was already as before, nothing to restore"]
+            if done:
+                return [_("an interrupted grader ({owner}) left lab {lab} set up for {namespace}; restored:", **facts),
+                        *done]
+            return [_("an interrupted grader ({owner}) left a journal for {namespace}; the cluster was already as "
+                      "before, nothing to restore", **facts)]
         if self.status == "alive":
-            if zh:
-                return [f"评分进程 {owner.pid if owner else '?'}（{lab}，命名空间 {ns}）仍在运行："
-                        "它对集群的改动由它自己还原，这里不动。"]
-            return [f"a grader is still running lab {lab} for {ns} ({owner.describe() if owner else '?'}): "
-                    f"its changes are left alone (journal {path})"]
+            return [_("a grader is still running lab {lab} for {namespace} ({owner}): its changes are left alone "
+                      "(journal {path})", **facts)]
         if self.status == "stale":
-            if zh:
-                return [f"集群在评分（{lab}）中断后已经重置过，删除了过时的评分记录。"]
-            return [f"journal {path} is from before the cluster was reset; removed, nothing to restore"]
+            return [_("journal {path} is from before the cluster was reset; removed, nothing to restore", **facts)]
         if self.status == "unreadable":
-            if zh:
-                return [f"评分记录 {path} 无法读取（{self.error}），保留原样。"]
-            return [f"journal {path} is unreadable ({self.error}); left in place"]
-        done = [f"  {r.text('zh' if zh else 'en')}" for r in self.restored]
-        if zh:
-            return [f"没能还原完上次中断的评分（{lab}）留下的改动：{self.error}。下次运行会再试；"
-                    "`gpulab reset` 可以把整个集群恢复到初始状态。", *(f"  ↩{d.strip()}" for d in done)]
-        return [f"could not finish restoring what an interrupted grader left for {ns} (lab {lab}): {self.error}; "
-                f"the journal stays ({path}) for the next try, `gpulab reset` resets the whole cluster",
-                *(f"  restored so far: {d.strip()}" for d in done)]
+            return [_("journal {path} is unreadable ({error}); left in place", **facts)]
+        return [_("could not finish restoring what an interrupted grader left for {namespace} (lab {lab}): {error}; "
+                  "the journal stays ({path}) for the next try, `gpulab reset` resets the whole cluster", **facts),
+                *(_("  restored so far: {change}", change=r.text()) for r in self.restored)]
 
 
 def cluster_uid(client: Any) -> str | None:
@@ -303,6 +295,6 @@ def recover(cluster_root: str | os.PathLike[str] | None, client: Any,
     return outcomes
 
 
-def report(outcomes: Iterable[Outcome], lang: str = "en") -> list[str]:
-    """Every outcome's lines, in order."""
-    return [line for outcome in outcomes for line in outcome.lines(lang)]
+def report(outcomes: Iterable[Outcome]) -> list[str]:
+    """Every outcome's lines, in order, in the user's language."""
+    return [line for outcome in outcomes for line in outcome.lines()]

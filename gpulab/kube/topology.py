@@ -29,6 +29,7 @@ from typing import Any
 import yaml
 
 from .. import paths
+from ..i18n import _
 
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|Ki|Mi|Gi|Ti|Pi|M|G|T|P)?$")
@@ -130,7 +131,7 @@ class _Reader:
 
     def mapping(self, value: Any, field: str) -> dict[str, Any] | None:
         if not isinstance(value, dict):
-            self.fail(field, f"expected a mapping, got {type(value).__name__}")
+            self.fail(field, _("expected a mapping, got {type}", type=type(value).__name__))
             return None
         return value
 
@@ -138,29 +139,29 @@ class _Reader:
         for key in m:
             if key not in allowed:
                 self.fail(f"{field}.{key}" if field else str(key),
-                          f"unknown field; allowed: {', '.join(allowed)}")
+                          _("unknown field; allowed: {fields}", fields=", ".join(allowed)))
 
     def string(self, m: dict[str, Any], key: str, field: str, default: str | None = None,
                required: str = "") -> str | None:
         value = m.get(key, default)
         if value is None:
-            self.fail(f"{field}.{key}", "is required" + (f"; {required}" if required else ""))
+            self.fail(f"{field}.{key}", _("is required; {hint}", hint=required) if required else _("is required"))
             return None
         if isinstance(value, bool) or not isinstance(value, (str, int, float)):
-            self.fail(f"{field}.{key}", f"expected a string, got {type(value).__name__}")
+            self.fail(f"{field}.{key}", _("expected a string, got {type}", type=type(value).__name__))
             return None
         return str(value)
 
     def count(self, m: dict[str, Any], key: str, field: str, default: int | None, minimum: int) -> int | None:
         value = m.get(key, default)
         if value is None:
-            self.fail(f"{field}.{key}", f"is required; an integer >= {minimum}")
+            self.fail(f"{field}.{key}", _("is required; an integer >= {minimum}", minimum=minimum))
             return None
         if isinstance(value, bool) or not isinstance(value, int):
-            self.fail(f"{field}.{key}", f"expected an integer >= {minimum}, got {value!r}")
+            self.fail(f"{field}.{key}", _("expected an integer >= {minimum}, got {value!r}", minimum=minimum, value=value))
             return None
         if value < minimum:
-            self.fail(f"{field}.{key}", f"must be >= {minimum}, got {value}")
+            self.fail(f"{field}.{key}", _("must be >= {minimum}, got {value}", minimum=minimum, value=value))
             return None
         return value
 
@@ -170,7 +171,7 @@ class _Reader:
             return None
         if not QUANTITY.match(value):
             self.fail(f"{field}.{key}",
-                      f"{value!r} is not a Kubernetes quantity (e.g. \"16\", \"500m\", \"64Gi\")")
+                      _("{value!r} is not a Kubernetes quantity (e.g. \"16\", \"500m\", \"64Gi\")", value=value))
             return None
         return value
 
@@ -191,24 +192,24 @@ def load(path: str | Path | None = None) -> Topology:
     try:
         text = source.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise TopologyError(TopologyIssue(str(source), "", "no such file")) from None
+        raise TopologyError(TopologyIssue(str(source), "", _("no such file"))) from None
     except OSError as e:
-        raise TopologyError(TopologyIssue(str(source), "", f"cannot read: {e.strerror}")) from None
+        raise TopologyError(TopologyIssue(str(source), "", _("cannot read: {why}", why=e.strerror))) from None
     try:
         doc = yaml.safe_load(text)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "YAML"
+        where = _("line {line}, column {column}", line=mark.line + 1, column=mark.column + 1) if mark else "YAML"
         problem = getattr(e, "problem", None) or str(e)
-        raise TopologyError(TopologyIssue(str(source), where, f"invalid YAML: {problem}")) from None
+        raise TopologyError(TopologyIssue(str(source), where, _("invalid YAML: {problem}", problem=problem))) from None
     doc = r.mapping(doc, "(top level)")
     if doc is None:
         raise TopologyError(r.errors)
     r.only(doc, "", _TOP_KEYS)
     if doc.get("kind", "Topology") != "Topology":
-        r.fail("kind", f"expected Topology, got {doc.get('kind')!r}")
+        r.fail("kind", _("expected Topology, got {kind!r}", kind=doc.get("kind")))
     if doc.get("apiVersion", "gpulab.io/v1alpha1") != "gpulab.io/v1alpha1":
-        r.fail("apiVersion", f"expected gpulab.io/v1alpha1, got {doc.get('apiVersion')!r}")
+        r.fail("apiVersion", _("expected gpulab.io/v1alpha1, got {version!r}", version=doc.get("apiVersion")))
     name = source.stem
     meta = r.mapping(doc.get("metadata") or {}, "metadata")
     if meta is not None:
@@ -225,9 +226,9 @@ def load(path: str | Path | None = None) -> Topology:
     for i, raw in enumerate(pools):
         nodes.extend(_pool(r, raw, f"nodePools[{i}]", seen, pool_names))
     if pools and not nodes and len(r.errors) == errors_before_pools:
-        r.fail("nodePools", "the topology has no nodes (every count is 0)")
+        r.fail("nodePools", _("the topology has no nodes (every count is 0)"))
     if len(nodes) > MAX_NODES:
-        r.fail("nodePools", f"{len(nodes)} nodes; at most {MAX_NODES} are allowed")
+        r.fail("nodePools", _("{n} nodes; at most {most} are allowed", n=len(nodes), most=MAX_NODES))
     if r.errors:
         raise TopologyError(r.errors)
     return Topology(name, source, tuple(nodes))
@@ -240,24 +241,24 @@ def _pool(r: _Reader, raw: Any, field: str, seen: dict[str, str], pool_names: se
         return []
     errors_before = len(r.errors)
     r.only(pool, field, _POOL_KEYS)
-    pname = r.string(pool, "name", field, required="a DNS label, e.g. gpu")
+    pname = r.string(pool, "name", field, required=_("a DNS label, e.g. gpu"))
     generated_ok = pname is not None  # may node names be derived from the pool name?
     if pname is not None:
         if not DNS_LABEL.match(pname):
-            r.fail(f"{field}.name", f"{pname!r} is not a DNS label (lowercase letters, digits, '-')")
+            r.fail(f"{field}.name", _("{name!r} is not a DNS label (lowercase letters, digits, '-')", name=pname))
             generated_ok = False
         elif pname in pool_names:
-            r.fail(f"{field}.name", f"duplicate pool name {pname!r}; pool names must be unique")
+            r.fail(f"{field}.name", _("duplicate pool name {name!r}; pool names must be unique", name=pname))
             generated_ok = False
         pool_names.add(pname)
     names = pool.get("names")
     node_names: list[tuple[str, str]] = []
     if names is not None:
         if not isinstance(names, list) or not all(isinstance(n, str) for n in names) or not names:
-            r.fail(f"{field}.names", "expected a non-empty list of node names")
+            r.fail(f"{field}.names", _("expected a non-empty list of node names"))
         else:
             if "count" in pool and pool["count"] != len(names):
-                r.fail(f"{field}.count", f"is {pool['count']!r} but {len(names)} names are given")
+                r.fail(f"{field}.count", _("is {count!r} but {n} names are given", count=pool["count"], n=len(names)))
             node_names = [(n, f"{field}.names[{k}]") for k, n in enumerate(names)]
     else:
         count = r.count(pool, "count", field, 1, 0)
@@ -272,11 +273,11 @@ def _pool(r: _Reader, raw: Any, field: str, seen: dict[str, str], pool_names: se
     nodes: list[NodeSpec] = []
     for node_name, nfield in node_names:
         if not DNS_LABEL.match(node_name):
-            r.fail(nfield, f"node name {node_name!r} is not a DNS label (lowercase letters, digits, '-')")
+            r.fail(nfield, _("node name {name!r} is not a DNS label (lowercase letters, digits, '-')", name=node_name))
             continue
         if node_name in seen:
-            r.fail(nfield, f"duplicate node name {node_name!r} (also in {seen[node_name]}); "
-                           "node names must be unique")
+            r.fail(nfield, _("duplicate node name {name!r} (also in {other}); node names must be unique",
+                             name=node_name, other=seen[node_name]))
             continue
         seen[node_name] = field
         if len(r.errors) == errors_before:
@@ -297,15 +298,15 @@ def _gpu(r: _Reader, raw: Any, field: str) -> tuple[str | None, int] | None:
 
     allowed = ", ".join(m.key for m in models.list_models())
     model_key: str | None = None
-    model_name = r.string(gpu, "model", field, required=f"allowed: {allowed}")
+    model_name = r.string(gpu, "model", field, required=_("allowed: {values}", values=allowed))
     if model_name is not None:
         try:
             model_key = models.get_model(model_name).key
         except models.UnknownGpuModel:
-            r.fail(f"{field}.model", f"unknown GPU model {model_name!r}; allowed: {allowed}")
+            r.fail(f"{field}.model", _("unknown GPU model {model!r}; allowed: {models}", model=model_name, models=allowed))
     count = r.count(gpu, "count", field, 1, 1)
     if count is not None and count > 16:
-        r.fail(f"{field}.count", f"{count} GPUs per node; at most 16 are allowed")
+        r.fail(f"{field}.count", _("{n} GPUs per node; at most 16 are allowed", n=count))
         count = None
     if model_key is None or count is None:
         return None
@@ -322,13 +323,13 @@ def _labels(r: _Reader, raw: Any, field: str) -> dict[str, str] | None:
     ok = True
     for k, v in labels.items():
         if not isinstance(k, str) or not LABEL_KEY.match(k):
-            r.fail(field, f"{k!r} is not a valid label key (prefix/name, e.g. node-role.kubernetes.io/ai)")
+            r.fail(field, _("{key!r} is not a valid label key (prefix/name, e.g. node-role.kubernetes.io/ai)", key=k))
             ok = False
         if isinstance(v, bool) or not isinstance(v, (str, int, float)):
-            r.fail(f"{field}.{k}", f"label values are strings; quote {v!r}")
+            r.fail(f"{field}.{k}", _("label values are strings; quote {value!r}", value=v))
             ok = False
         elif not LABEL_VALUE.match(str(v)):
-            r.fail(f"{field}.{k}", f"{v!r} is not a valid label value (63 chars of [A-Za-z0-9_.-])")
+            r.fail(f"{field}.{k}", _("{value!r} is not a valid label value (63 chars of [A-Za-z0-9_.-])", value=v))
             ok = False
         else:
             out[str(k)] = str(v)
@@ -339,7 +340,7 @@ def _taints(r: _Reader, raw: Any, field: str) -> tuple[Taint, ...] | None:
     if raw is None:
         return ()
     if not isinstance(raw, list):
-        r.fail(field, "expected a list of {key, value, effect}")
+        r.fail(field, _("expected a list of {key, value, effect}"))
         return None
     taints = []
     ok = True
@@ -351,12 +352,12 @@ def _taints(r: _Reader, raw: Any, field: str) -> tuple[Taint, ...] | None:
             ok = False
             continue
         r.only(t, tf, ("key", "value", "effect"))
-        key = r.string(t, "key", tf, required="a label-style key, e.g. nvidia.com/gpu")
+        key = r.string(t, "key", tf, required=_("a label-style key, e.g. nvidia.com/gpu"))
         if key is not None and not LABEL_KEY.match(key):
-            r.fail(f"{tf}.key", f"{key!r} is not a valid taint key (prefix/name, e.g. nvidia.com/gpu)")
-        effect = r.string(t, "effect", tf, required=f"allowed: {', '.join(TAINT_EFFECTS)}")
+            r.fail(f"{tf}.key", _("{key!r} is not a valid taint key (prefix/name, e.g. nvidia.com/gpu)", key=key))
+        effect = r.string(t, "effect", tf, required=_("allowed: {values}", values=", ".join(TAINT_EFFECTS)))
         if effect is not None and effect not in TAINT_EFFECTS:
-            r.fail(f"{tf}.effect", f"{effect!r}; allowed: {', '.join(TAINT_EFFECTS)}")
+            r.fail(f"{tf}.effect", _("{effect!r}; allowed: {values}", effect=effect, values=", ".join(TAINT_EFFECTS)))
         value = r.string(t, "value", tf, "")
         if len(r.errors) != before:
             ok = False

@@ -5,6 +5,10 @@
 - the working directory is the repository root, so ``manifests/...`` paths
   work in Python and in ``!kubectl`` cells alike;
 - ``PATH`` starts with the virtualenv's ``bin`` (kubectl 1.37, ``gpulab``);
+- ``LANGUAGE`` is ``zh_CN``, so ``gpulab`` speaks Chinese in the lesson, in ``sh("gpulab ...")`` and in the
+  library's own lines alike (:mod:`gpulab.i18n`). Only messages move: ``LANGUAGE`` names the language of
+  messages and nothing else (numbers, dates and encodings keep the locale they had), and kubectl does not
+  read it, so its output stays as the chapter prints it;
 - ``KUBECONFIG`` points at a copy of the cluster's kubeconfig whose context
   defaults to the lesson's namespace (``lesson-03``), so the chapter's
   commands run as printed, without ``-n``;
@@ -32,7 +36,7 @@ from typing import Any
 import yaml
 from kubernetes.config import kube_config
 
-from .. import paths
+from .. import i18n, paths
 from ..cluster import baseline
 from ..cluster.base import Cluster
 from ..kube import api
@@ -120,7 +124,7 @@ class Lab:
         """The lesson's node labels and taints as the topology has them (:func:`baseline.node_keys_back`)."""
         changes = baseline.node_keys_back(self.kube, baseline.topology_baseline(self.cluster),
                                           self.node_labels, self.node_taints)
-        return [c.text("zh") for c in changes]
+        return [c.text() for c in changes]
 
     # -- the GPU stack -------------------------------------------------------------
 
@@ -149,12 +153,12 @@ class Lab:
         Only the writes (:func:`baseline.put_back`); :meth:`_restore_gpu_stack` also waits for the stack to settle.
         """
         gpu_nodes = [n.name for n in self.topology().gpu_nodes]
-        done = [c.text("zh") for c in baseline.put_faults_back(self.cluster.root, gpu_nodes)]
+        done = [c.text() for c in baseline.put_faults_back(self.cluster.root, gpu_nodes)]
         for kind, name, ns in self._stack_objects():
             if self.kube.get(kind, name, ns) is not None:
                 self.kube.delete(kind, name, ns)
                 done.append(f"删除了 {ns}/{name}（{kind}）")
-        done += [c.text("zh") for c in baseline.put_back(self.kube, self._gpu_stack_target())]
+        done += [c.text() for c in baseline.put_back(self.kube, self._gpu_stack_target())]
         # Operand pods left crash-looping or stuck in validation (by a fault) start over at once.
         baseline.restart_stuck_operands(self.kube, only_crashed=False)
         return done
@@ -234,6 +238,7 @@ def setup(lesson: str, *, namespace: str | None = None, node_labels: Sequence[st
     from ..cluster import backend
 
     os.chdir(REPO)
+    os.environ["LANGUAGE"] = i18n.CHINESE  # before the cluster is started: its lines are the lesson's too
     venv_bin = str(Path(sys.executable).parent)
     path = os.environ.get("PATH", "").split(os.pathsep)
     if not path or path[0] != venv_bin:
@@ -277,7 +282,7 @@ def _recover_graders(cluster: Cluster, kube: api.Client) -> None:
     from ..grading import cluster as grading_cluster
     from ..grading import journal
 
-    for line in journal.report(grading_cluster.recover(cluster, kube), lang="zh"):
+    for line in journal.report(grading_cluster.recover(cluster, kube)):
         _say(line if line.startswith(" ") else f"⚠ {line}")
 
 

@@ -9,9 +9,10 @@ in the chapter's terms and still says which key to use.
 from __future__ import annotations
 
 import html
-import unicodedata
 from collections.abc import Iterable, Sequence
 from typing import Any
+
+from ..i18n import cells as width, pad
 
 __all__ = ["Table", "HEADINGS"]
 
@@ -40,10 +41,6 @@ def heading(column: str) -> str:
     return f"{zh} {column}" if zh else column
 
 
-def _width(text: str) -> int:
-    return sum(2 if unicodedata.east_asian_width(ch) in ("W", "F") else 1 for ch in text)
-
-
 class Table(list):
     """Rows (dicts) with an ordered set of columns; HTML in notebooks, aligned text elsewhere."""
 
@@ -70,10 +67,10 @@ class Table(list):
 
     def __str__(self) -> str:
         cells = [[self._cell(r.get(c)) for c in self.columns] for r in self]
-        widths = [max([_width(heading(c))] + [_width(row[i]) for row in cells]) for i, c in enumerate(self.columns)]
+        widths = [max([width(heading(c))] + [width(row[i]) for row in cells]) for i, c in enumerate(self.columns)]
 
         def line(values: Sequence[str]) -> str:
-            return "   ".join(v + " " * (w - _width(v)) for v, w in zip(values, widths)).rstrip()
+            return "   ".join(pad(v, w) for v, w in zip(values, widths)).rstrip()
 
         out = [self.title] if self.title else []
         out.append(line([heading(c) for c in self.columns]))

@@ -46,7 +46,8 @@ class UsageReport:
     """:func:`usage_report`'s result: ``gpulab report``'s numbers in Chinese tables; ``plot_*`` draw its pictures,
     :meth:`queries` shows the PromQL behind them.
 
-    ``report`` is the :class:`gpulab.usage.report.Report` itself (``report.text()`` is the CLI's English text).
+    ``report`` is the :class:`gpulab.usage.report.Report` itself (``report.text()`` is the CLI's text, in the
+    language of the messages: Chinese in a lesson).
     """
 
     def __init__(self, report: Any):

@@ -23,11 +23,12 @@ import datetime as _dt
 import json
 import logging
 import os
-import unicodedata
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from ..i18n import _, cells, pad
 
 from gpulab import paths
 from gpulab._fsutil import atomic_write_json, locked
@@ -196,34 +197,25 @@ def summary(banks: Mapping[str, Bank] | None = None, store: ProgressStore | None
     return result
 
 
-def _width(text: str) -> int:
-    # CJK characters take two terminal columns.
-    return sum(2 if unicodedata.east_asian_width(ch) in "WF" else 1 for ch in text)
-
-
-def _pad(text: str, width: int, right: bool = False) -> str:
-    gap = " " * max(0, width - _width(text))
-    return gap + text if right else text + gap
-
-
 def _rows(progress: Mapping[str, SectionProgress]) -> Iterator[list[str]]:
-    yield ["章节", "标题", "已答", "答对", "题数"]
+    yield [_("SECTION"), _("TITLE"), _("ANSWERED"), _("CORRECT"), _("QUESTIONS")]
     answered = correct = total = 0
     for p in progress.values():
         answered, correct, total = answered + p.answered, correct + p.correct, total + p.total
         yield [p.section, p.title, str(p.answered), str(p.correct), str(p.total)]
-    yield ["合计", "", str(answered), str(correct), str(total)]
+    yield [_("TOTAL"), "", str(answered), str(correct), str(total)]
 
 
 def format_summary(progress: Mapping[str, SectionProgress] | None = None) -> str:
-    """A plain-text table of :func:`summary`, aligned for CJK text (for ``gpulab progress``)."""
+    """A plain-text table of :func:`summary`, aligned for CJK text, its headers in the user's language (for
+    ``gpulab progress``)."""
     progress = progress if progress is not None else summary()
     rows = list(_rows(progress))
-    widths = [max(_width(row[i]) for row in rows) for i in range(len(rows[0]))]
+    widths = [max(cells(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = []
     for n, row in enumerate(rows):
-        cells = [_pad(cell, widths[i], right=i >= 2) for i, cell in enumerate(row)]
-        lines.append("  ".join(cells).rstrip())
+        shown = [pad(cell, widths[i], right=i >= 2) for i, cell in enumerate(row)]
+        lines.append("  ".join(shown).rstrip())
         if n == 0 or n == len(rows) - 2:
             lines.append("  ".join("-" * w for w in widths))
     return "\n".join(lines)

@@ -61,6 +61,7 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 from .._fsutil import remove_tree
+from ..i18n import _
 from .sandbox_init import DEV_NODES, SYSTEM_DIRS, pump
 
 NOBODY = 65534
@@ -157,15 +158,17 @@ def kind() -> str:
     """The sandbox ``GPULAB_SANDBOX`` asks for (``namespaces`` unless set)."""
     raw = os.environ.get(SANDBOX_ENV, "").strip() or "namespaces"
     if raw not in SANDBOXES:
-        raise SandboxUnavailable(f"{SANDBOX_ENV}={raw!r} is not a sandbox gpulab knows; allowed: "
-                                 "namespaces (the default), process (weaker, no namespaces; see README)")
+        raise SandboxUnavailable(_("{variable}={value!r} is not a sandbox gpulab knows; allowed: "
+                                   "namespaces (the default), process (weaker, no namespaces; see README)",
+                                   variable=SANDBOX_ENV, value=raw))
     return raw
 
 
 def _tool(name: str, package: str) -> str:
     path = shutil.which(name)
     if not path:
-        raise SandboxUnavailable(f"`{name}` ({package}) is not installed; gpulab needs it to run pod commands")
+        raise SandboxUnavailable(_("`{program}` ({package}) is not installed; gpulab needs it to run pod commands",
+                                   program=name, package=package))
     return path
 
 
@@ -273,7 +276,7 @@ def _bare_root(spec: SandboxSpec) -> None:
         else:
             target.parent.mkdir(parents=True, exist_ok=True)
             target.touch()
-    for dirpath, _, files in os.walk(root, topdown=False):
+    for dirpath, _dirs, files in os.walk(root, topdown=False):
         for path in (os.path.join(dirpath, name) for name in files):
             if not os.path.islink(path):
                 os.chmod(path, 0o444)
@@ -298,24 +301,24 @@ def diagnose(stderr: str, read: Callable[[str], str | None] = _read,
     """Why namespaces could not be made here, and the exact remedy for the common cases."""
     remedies = []
     if read("/proc/sys/kernel/unprivileged_userns_clone") == "0":
-        remedies.append("Debian kernels: `sudo sysctl -w kernel.unprivileged_userns_clone=1` "
-                        "(add it to /etc/sysctl.d/ to keep it)")
+        remedies.append(_("Debian kernels: `sudo sysctl -w kernel.unprivileged_userns_clone=1` "
+                          "(add it to /etc/sysctl.d/ to keep it)"))
     if read("/proc/sys/user/max_user_namespaces") == "0":
-        remedies.append("user namespaces are switched off: `sudo sysctl -w user.max_user_namespaces=15000`")
+        remedies.append(_("user namespaces are switched off: `sudo sysctl -w user.max_user_namespaces=15000`"))
     if read("/proc/sys/kernel/apparmor_restrict_unprivileged_userns") == "1":
-        remedies.append("Ubuntu 23.10 and later (AppArmor): "
-                        "`sudo sysctl -w kernel.apparmor_restrict_unprivileged_userns=0`, or an AppArmor profile "
-                        "that allows `userns` for /usr/bin/unshare")
+        remedies.append(_("Ubuntu 23.10 and later (AppArmor): "
+                          "`sudo sysctl -w kernel.apparmor_restrict_unprivileged_userns=0`, or an AppArmor profile "
+                          "that allows `userns` for /usr/bin/unshare"))
     if read("/.dockerenv") is not None or env.get("KUBERNETES_SERVICE_HOST") or env.get("container"):
-        remedies.append("inside a container, its seccomp profile usually forbids them: run it with "
-                        "`--security-opt seccomp=unconfined` (Docker, Podman) or "
-                        "`securityContext: {seccompProfile: {type: Unconfined}}` (Kubernetes, JupyterHub)")
+        remedies.append(_("inside a container, its seccomp profile usually forbids them: run it with "
+                          "`--security-opt seccomp=unconfined` (Docker, Podman) or "
+                          "`securityContext: {seccompProfile: {type: Unconfined}}` (Kubernetes, JupyterHub)"))
     if not remedies:
-        remedies.append("run gpulab as root, or enable unprivileged user namespaces for your account")
-    remedies.append(f"or, knowing it isolates much less, set {SANDBOX_ENV}=process "
-                    "(pods run as plain processes; needs `proot`; see README)")
-    return (f"cannot create namespaces for pod sandboxes ({stderr or 'unshare failed'}). Remedies:\n"
-            + "\n".join(f"  - {r}" for r in remedies))
+        remedies.append(_("run gpulab as root, or enable unprivileged user namespaces for your account"))
+    remedies.append(_("or, knowing it isolates much less, set {variable}=process "
+                      "(pods run as plain processes; needs `proot`; see README)", variable=SANDBOX_ENV))
+    return (_("cannot create namespaces for pod sandboxes ({why}). Remedies:", why=stderr or _("unshare failed"))
+            + "\n" + "\n".join(f"  - {r}" for r in remedies))
 
 
 def check() -> None:
@@ -460,7 +463,7 @@ def relay(socket_path: Path, upstream: tuple[str, int] | None) -> Iterator[None]
 def _accept_loop(server: socket.socket, upstream: tuple[str, int], stop: threading.Event) -> None:
     while not stop.is_set():
         try:
-            client, _ = server.accept()
+            client, _address = server.accept()
         except TimeoutError:
             continue
         except OSError:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from ..i18n import _
 from ..kube import api
 from . import prometheus, report
 from .prometheus import PrometheusError, PrometheusUnavailable
@@ -27,9 +28,9 @@ def parse_since(text: str) -> float:
     try:
         seconds = float(number) * units[unit]
     except (KeyError, ValueError):
-        raise ValueError(f"--since {text!r}: expected a duration like 90s, 15m, 2h or 1d") from None
+        raise ValueError(_("--since {text!r}: expected a duration like 90s, 15m, 2h or 1d", text=text)) from None
     if seconds <= 0:
-        raise ValueError(f"--since {text!r}: must be longer than 0")
+        raise ValueError(_("--since {text!r}: must be longer than 0", text=text))
     return seconds
 
 

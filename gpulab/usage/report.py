@@ -43,6 +43,7 @@ from string import Template
 from typing import Any
 
 from ..hardware.models import GpuModelError, get_model
+from ..i18n import N_, _, cells, pad
 from .prometheus import DCGM_JOB, SCRAPE_INTERVAL
 
 # --------------------------------------------------------------------------- the queries
@@ -242,7 +243,7 @@ def _quota(samples: Iterable[Mapping[str, Any]]) -> dict[str, str]:
         found.setdefault(key, {})[m.get("type", "")] = _value(s)
     out: dict[str, list[str]] = {}
     # requests.nvidia.com/gpu first, then limits.
-    for (ns, _, resource), v in sorted(found.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2].startswith("limits."))):
+    for (ns, _quota_name, resource), v in sorted(found.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2].startswith("limits."))):
         if "hard" in v:
             out.setdefault(ns, []).append(f"{v.get('used', 0):g}/{v['hard']:g}"
                                           + ("" if resource.startswith("requests.") else " (limits)"))
@@ -380,9 +381,11 @@ def _gpus(n: float) -> str:
 
 def table_rows(title: str, rows: list[Usage], with_quota: bool) -> tuple[list[str], list[dict[str, str]]]:
     """The columns and formatted rows of one usage table (``NAMESPACE`` or ``NODE``), whoever draws it."""
-    head = [title, "GPUS NOW", "IDLE NOW", "GPU-H ALLOCATED", "GPU-H COMPUTING", "GPU-H IDLE", "EFFICIENCY"]
+    # Keys for whoever draws the table (the notebook's names them in Chinese); marked, as the CLI shows them translated.
+    head = [title, N_("GPUS NOW"), N_("IDLE NOW"), N_("GPU-H ALLOCATED"), N_("GPU-H COMPUTING"), N_("GPU-H IDLE"),
+            N_("EFFICIENCY")]
     if with_quota:
-        head.append("QUOTA requests.nvidia.com/gpu")
+        head.append(N_("QUOTA requests.nvidia.com/gpu"))
     body = []
     for u in rows:
         eff = u.efficiency
@@ -396,29 +399,34 @@ def table_rows(title: str, rows: list[Usage], with_quota: bool) -> tuple[list[st
 
 def _table(title: str, rows: list[Usage], with_quota: bool) -> list[str]:
     head, dicts = table_rows(title, rows, with_quota)
+    shown = [_(key) for key in head]
     body = [list(d.values()) for d in dicts]
-    widths = [max(len(r[i]) for r in [head, *body]) for i in range(len(head))]
-    return ["   ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in [head, *body]]
+    widths = [max(cells(r[i]) for r in [shown, *body]) for i in range(len(head))]
+    return ["   ".join(pad(c, w) for c, w in zip(r, widths)).rstrip() for r in [shown, *body]]
 
 
 def render_text(report: Report) -> str:
     span = max(0.0, report.end - report.start)
     when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(report.start))
-    lines = [f"GPU usage since {when} ({span / 60:.1f} min; from Prometheus, every {report.step:g} s; "
-             f"{report.scrapes} DCGM exporter scrapes)", ""]
+    lines = [_("GPU usage since {when} ({minutes:.1f} min; from Prometheus, every {step:g} s; "
+               "{scrapes} DCGM exporter scrapes)", when=when, minutes=span / 60, step=report.step,
+               scrapes=report.scrapes), ""]
     if not report.scrapes:
-        lines += ["no DCGM exporter scrapes in this window: Prometheus has data from when the monitoring add-on "
-                  "was installed, once its targets are up (kubectl -n monitoring get pods)", ""]
-    lines += _table("NAMESPACE", report.namespaces, with_quota=True) if report.namespaces else \
-        ["NAMESPACE   (no namespace has held a GPU)"]
+        lines += [_("no DCGM exporter scrapes in this window: Prometheus has data from when the monitoring add-on "
+                    "was installed, once its targets are up (kubectl -n monitoring get pods)"), ""]
+    lines += _table(N_("NAMESPACE"), report.namespaces, with_quota=True) if report.namespaces else \
+        [_("NAMESPACE   (no namespace has held a GPU)")]
     lines.append("")
-    lines += _table("NODE", report.nodes, with_quota=False) if report.nodes else ["NODE   (no GPU nodes scraped)"]
+    lines += _table(N_("NODE"), report.nodes, with_quota=False) if report.nodes else \
+        [_("NODE   (no GPU nodes scraped)")]
     total = report.total
-    lines += ["", f"total: {total.allocated_h:.3f} GPU-hours allocated, {total.computing_h:.3f} computing, "
-                  f"{total.idle_h:.3f} allocated but idle; {_gpus(total.idle_now)} of {_gpus(total.gpus_now)} "
-                  "allocated GPUs idle now"]
+    lines += ["", _("total: {allocated:.3f} GPU-hours allocated, {computing:.3f} computing, {idle:.3f} allocated but "
+                    "idle; {idle_now} of {gpus_now} allocated GPUs idle now", allocated=total.allocated_h,
+                    computing=total.computing_h, idle=total.idle_h, idle_now=_gpus(total.idle_now),
+                    gpus_now=_gpus(total.gpus_now))]
     if report.preemptions:
-        lines += ["", "PREEMPTED"]
+        lines += ["", _("PREEMPTED")]
         for p in report.preemptions:
-            lines.append(f"  {p.namespace}/{p.pod} on {p.node or '?'} by {p.by or '?'} at {p.at}")
+            lines.append(_("  {namespace}/{pod} on {node} by {by} at {at}", namespace=p.namespace, pod=p.pod,
+                           node=p.node or "?", by=p.by or "?", at=p.at))
     return "\n".join(lines) + "\n"

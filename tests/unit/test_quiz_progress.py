@@ -99,7 +99,7 @@ def test_concurrent_writers_lose_nothing(tmp_path):
     assert json.loads(path.read_text(encoding="utf-8"))["version"] == 1
 
 
-def test_summary_counts_only_current_questions(home):
+def test_summary_counts_only_current_questions(home, monkeypatch):
     banks = {"01-a": _bank("01-a", ["q1", "q2", "q3"], "资源模型"), "02-b": _bank("02-b", ["r1"], "安装")}
     store = ProgressStore()
     store.record("01-a", "q1", "x", True)
@@ -108,16 +108,21 @@ def test_summary_counts_only_current_questions(home):
     result = summary(banks, store)
     assert (result["01-a"].answered, result["01-a"].correct, result["01-a"].total) == (2, 1, 3)
     assert (result["02-b"].answered, result["02-b"].correct, result["02-b"].total) == (0, 0, 1)
+    monkeypatch.setenv("LANGUAGE", "zh_CN")  # as a lesson shows it
     table = format_summary(result)
     lines = table.splitlines()
     assert lines[0].split() == ["章节", "标题", "已答", "答对", "题数"]
     assert lines[2].split() == ["01-a", "资源模型", "2", "1", "3"]
     assert lines[-1].split() == ["合计", "2", "1", "4"]
+    monkeypatch.setenv("LANGUAGE", "en")
+    lines = format_summary(result).splitlines()
+    assert lines[0].split() == ["SECTION", "TITLE", "ANSWERED", "CORRECT", "QUESTIONS"]
+    assert lines[-1].split() == ["TOTAL", "2", "1", "4"]
 
 
 def test_summary_of_shipped_banks_without_progress(home):
     table = format_summary()
-    assert "09-self-test" in table and "合计" in table
+    assert "09-self-test" in table and "TOTAL" in table
 
 
 def test_reset(home):
