@@ -9,7 +9,8 @@ taints, PriorityClasses. This module is the only place that knows
   :func:`topology_baseline`), and how to take a snapshot of it as it is
   (:func:`capture`, :meth:`ClusterState.capture`, :func:`gpu_nodes`);
 - how to put each part back (:func:`restore`, :func:`repair_faults`,
-  :func:`node_keys_back`, :meth:`ClusterState.restore`), every change
+  :func:`node_keys_back`, :meth:`ClusterState.restore`, an add-on's
+  configuration with :func:`addon_back`), every change
   reported as one :class:`Restored` (English for the CLI, zh-CN for notebooks);
 - when the GPU stack is **settled** (:func:`unsettled`): every GPU node
   advertises what it should with all its devices healthy, no MIG change is
@@ -56,6 +57,7 @@ from ..kube.names import (
     OPERATOR_NAMESPACE,
 )
 from ..kube.names import DEVICE_PLUGIN_CONFIG_LABEL as CONFIG_LABEL
+from . import addons
 from . import nodes as node_objects
 from .base import Cluster
 
@@ -101,6 +103,8 @@ _TEXT = {
                                      "ClusterPolicy {subject} 恢复为安装时的配置"),
     ("configmap", "deleted"): ("ConfigMap {subject} deleted", "删除了 ConfigMap {subject}"),
     ("configmap", "restored"): ("ConfigMap {subject} restored", "恢复了 ConfigMap {subject}"),
+    ("configmap", "installed"): ("ConfigMap {subject} as installed (add-on {detail}); its program reloaded or restarted",
+                                 "ConfigMap {subject} 恢复为安装时的配置（附加组件 {detail}），读它的程序已重新加载或重启"),
 }
 
 
@@ -462,6 +466,15 @@ def repair_faults(client: api.Client, cluster_root: Any, nodes: Mapping[str, int
     wait_settled(client, {name: {"resources": ANY} for name in nodes}, timeout,
                  what="every GPU allocatable again and the GPU stack ready")
     return done
+
+
+# --------------------------------------------------------------------------- add-ons
+
+
+def addon_back(kubeconfig: Path, name: str, say: Callable[[str], None] = lambda _m: None) -> list[Restored]:
+    """The add-on ``name`` (``manifests/addons/<name>/``), if installed, as its manifests say: a ConfigMap with
+    other contents is applied again and the program reading it reloads or restarts (:func:`addons.put_back`)."""
+    return [Restored("configmap", key, "installed", name) for key in addons.put_back(kubeconfig, name, say)]
 
 
 # --------------------------------------------------------------------------- nodes and PriorityClasses
