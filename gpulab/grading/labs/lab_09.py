@@ -134,10 +134,10 @@ def config_as_installed(ctx: Context):
     diffs = _differences(_parsed(live), _parsed(want))
     if not diffs:
         return passed()
-    if set(fixture.changed_lines(want, live)) & set(fault["lines"]):
+    if set(fault["lines"]) <= set(fixture.changed_lines(want, live)):
         return failed(f"评分结束时 {name} 里还留着被改坏的那处：链路没有修好。")
-    return partial(1 / 2, f"被改坏的那处已经改掉了，但评分结束时 {name} 和安装时的配置还有别的不同"
-                          f"（{', '.join(diffs[:3])}）：只改坏掉的那一处。")
+    return partial(1 / 2, f"被改坏的那处动过了，但评分结束时 {name} 和安装时的配置还有不同"
+                          f"（{', '.join(diffs[:3])}）：把坏掉的那一处改回安装时的样子，别的不动。")
 
 
 def _hpa(ctx: Context) -> dict | None:

@@ -1,0 +1,111 @@
+"""Lab 09 graded on the real cluster: one link of the monitoring add-on's metrics pipeline broken for each run.
+
+The grader installs the add-on when it is missing and breaks the fault
+:func:`gpulab.grading.fixtures.broken_pipeline.scenario` picks for the run's
+namespace (``grade-09-<learner>``) under this ``GPULAB_HOME``'s grading secret, so
+the learners here are chosen under that secret to cover every fault: the
+solution must find and repair each of them, and the real HPA controller must
+then scale ``llm`` to 2. Then the untouched lab (zero, a message for every
+check) and one typical mistake: the right diagnosis and the right edit, but
+Prometheus never told to reload. Afterwards the add-on is as installed and
+nothing of the grading is left; the module deletes the add-on again when it
+was not there before (the next module on this cluster may expect none).
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from gpulab.cluster import addons
+from gpulab.grading import journal, secret
+from gpulab.grading.cluster import load_lab_spec
+from gpulab.grading.fixtures import broken_pipeline
+from gpulab.grading.grader import namespace_for
+from helpers import NEEDS_POD_NETWORK, wait_for
+from lab_support import assert_no_grading_leftovers, assert_untouched_scores_zero, from_solution, grade, untouched
+
+pytestmark = [pytest.mark.cluster, NEEDS_POD_NETWORK]
+
+LAB09 = "09-hpa-not-scaling"
+FULL = {"broken-link": 3, "evidence": 2, "config-as-installed": 2, "metric-served": 2, "scaled-up": 3,
+        "hpa-as-given": 1}
+RELOAD = '    core.connect_post_namespaced_service_proxy_with_path("prometheus:9090", "monitoring", "-/reload")\n'
+
+
+def fault_of(learner: str, prefix: str = "grade") -> str:
+    """The fault the grader makes for ``learner`` under this GPULAB_HOME's secret (made here when missing)."""
+    namespace = namespace_for(load_lab_spec("09"), prefix)(LAB09, learner)
+    return broken_pipeline.scenario(namespace, secret.ensure())
+
+
+def learner_with(fault: str, name: str) -> str:
+    """``name`` with the first number that makes the grader break ``fault`` for it."""
+    return next(f"{name}{i}" for i in range(500) if fault_of(f"{name}{i}") == fault)
+
+
+@pytest.fixture(scope="module")
+def learners(cluster) -> dict[str, str]:
+    roles = {f"solved-{fault}": learner_with(fault, "solved") for fault in broken_pipeline.FAULTS}
+    roles.update(bob=learner_with("series-query", "bob"), dave=learner_with("keep-regex", "dave"))
+    return roles
+
+
+@pytest.fixture(scope="module")
+def lab09(cluster, kube, learners, tmp_path_factory):
+    was_installed = addons.installed(kube, "monitoring")
+    subs = {learners[f"solved-{fault}"]: from_solution(LAB09) for fault in broken_pipeline.FAULTS}
+    # Puts the right text back into the ConfigMap, and never tells Prometheus: it reads its file only at a reload.
+    subs.update({learners["bob"]: untouched(LAB09), learners["dave"]: from_solution(LAB09, (RELOAD, ""))})
+    started = time.monotonic()
+    try:
+        batch = grade(cluster, tmp_path_factory.mktemp("lab09"), "09", subs)
+        batch.seconds = (time.monotonic() - started) / len(subs)
+        batch.was_installed = was_installed
+        yield batch
+    finally:
+        if not was_installed:
+            addons.delete(cluster.kubeconfig, "monitoring", lambda _m: None)
+            wait_for(lambda: kube.get("Namespace", "monitoring") is None, 120, what="namespace monitoring deleted")
+
+
+def test_the_learners_cover_every_fault(learners):
+    assert {fault_of(learners[f"solved-{f}"]) for f in broken_pipeline.FAULTS} == set(broken_pipeline.FAULTS)
+    # gpulab check runs in check-09-<user>: a learner's practice run rarely meets the grader's fault.
+    assert [fault_of(f"x{i}") for i in range(8)] != [fault_of(f"x{i}", "check") for i in range(8)]
+
+
+def test_lab09_solution_repairs_every_fault_and_the_hpa_scales(lab09, learners):
+    for fault in broken_pipeline.FAULTS:
+        learner = learners[f"solved-{fault}"]
+        assert lab09.earned(learner) == FULL, (learner, fault, lab09.feedback(learner))
+        assert lab09.rows[learner].status == "ok"
+    print(f"lab 09: {lab09.seconds:.1f} s per graded submission")
+
+
+def test_lab09_untouched_scores_zero(lab09, learners):
+    bob = learners["bob"]
+    assert_untouched_scores_zero(lab09, bob)
+    assert lab09.rows[bob].status == "cell-error"  # nothing repaired: the metric never comes
+    assert "之一" in lab09.message(bob, "broken-link")
+    assert "还留着被改坏的那处" in lab09.message(bob, "config-as-installed")
+    assert "FailedGetPodsMetric" in lab09.message(bob, "metric-served")
+    assert "见 metric-served" in lab09.message(bob, "scaled-up")
+
+
+def test_lab09_a_config_changed_but_never_reloaded_does_not_scale(lab09, learners):
+    dave = learners["dave"]
+    assert lab09.earned(dave) == {**FULL, "metric-served": 0, "scaled-up": 0}
+    assert "ScalingActive 是 False" in lab09.message(dave, "metric-served")
+    assert "想要的副本数是 1" in lab09.message(dave, "scaled-up")
+
+
+def test_lab09_leaves_the_add_on_as_installed(lab09, cluster, kube):
+    assert addons.installed(kube, "monitoring")
+    for name, data in broken_pipeline.installed_configs().items():
+        assert kube.get("ConfigMap", name, "monitoring")["data"] == data, name
+    assert kube.list("Role", "monitoring", label_selector="gpulab.io/grading=true") == []
+    assert kube.list("RoleBinding", "monitoring", label_selector="gpulab.io/grading=true") == []
+    assert journal.pending(cluster.root) == ([], [])
+    assert_no_grading_leftovers(kube)
