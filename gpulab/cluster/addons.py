@@ -96,19 +96,33 @@ def install(kubeconfig: Path, name: str, say: Say, timeout: float = READY_TIMEOU
     return f"add-on {name} installed in {time.monotonic() - started:.1f} s"
 
 
-def put_back(kubeconfig: Path, name: str, say: Say, timeout: float = READY_TIMEOUT) -> list[str]:
+def put_back(kubeconfig: Path, name: str, say: Say, tell: Iterable[str] = (),
+             timeout: float = READY_TIMEOUT) -> list[str]:
     """An installed add-on as its manifests say, as :func:`install` leaves it (a ConfigMap someone changed
     is applied again and the programs reading it reload or restart); nothing when it is not installed.
-    Returns the ConfigMaps (``namespace/name``) that had other contents."""
+
+    ``tell``: ConfigMaps (``namespace/name``) whose programs reload or restart even when the ConfigMap is as
+    installed: someone may have changed it and changed it back without telling them, and a program that
+    was never told still runs the other configuration. Returns the ConfigMaps that had other contents."""
     client = api.Client(kubeconfig)
     if not installed(client, name):
         return []
-    return _apply(client, kubeconfig, name, documents(name), say, time.monotonic() + timeout)
+    return _apply(client, kubeconfig, name, documents(name), say, time.monotonic() + timeout, _keys(tell))
+
+
+def configmaps(name: str) -> list[str]:
+    """The add-on's ConfigMaps, ``namespace/name``."""
+    return [f"{d['metadata']['namespace']}/{d['metadata']['name']}" for d in documents(name) if d["kind"] == "ConfigMap"]
+
+
+def _keys(configmaps: Iterable[str]) -> set[tuple[str, str]]:
+    return {(ns, cm) for ns, _, cm in (key.partition("/") for key in configmaps)}
 
 
 def _apply(client: api.Client, kubeconfig: Path, name: str, docs: list[dict[str, Any]], say: Say,
-           deadline: float) -> list[str]:
-    """Apply the add-on's objects; tell the programs whose ConfigMaps had other contents; wait until it serves."""
+           deadline: float, tell: set[tuple[str, str]] = frozenset()) -> list[str]:
+    """Apply the add-on's objects; tell the programs whose ConfigMaps had other contents (and those of
+    ``tell``); wait until it serves."""
     desired = {(d["metadata"]["namespace"], d["metadata"]["name"]): _data(d) for d in docs if d["kind"] == "ConfigMap"}
     before = {key: _data(client.get("ConfigMap", key[1], key[0])) for key in desired}
     for doc in docs:
@@ -116,7 +130,7 @@ def _apply(client: api.Client, kubeconfig: Path, name: str, docs: list[dict[str,
     say(f"{name}: applied {len(docs)} objects from {root() / name}")
     # A ConfigMap that existed with other contents: the programs reading it are told (reload or restart).
     changed = {key for key, data in desired.items() if before[key] is not None and before[key] != data}
-    _tell_and_wait(client, kubeconfig, docs, changed, say, deadline)
+    _tell_and_wait(client, kubeconfig, docs, changed | (tell & set(desired)), say, deadline)
     return [f"{ns}/{cm}" for ns, cm in sorted(changed)]
 
 
@@ -125,8 +139,7 @@ def reconfigure(kubeconfig: Path, name: str, configmaps: Iterable[str], say: Say
     """The add-on's ConfigMaps ``configmaps`` (``namespace/name``) were edited in place, as an operator edits
     one: the programs that mount them reload or restart, as :func:`install` tells them; wait until it serves."""
     client = api.Client(kubeconfig)
-    changed = {(ns, cm) for ns, _, cm in (key.partition("/") for key in configmaps)}
-    _tell_and_wait(client, kubeconfig, documents(name), changed, say, time.monotonic() + timeout)
+    _tell_and_wait(client, kubeconfig, documents(name), _keys(configmaps), say, time.monotonic() + timeout)
 
 
 def _tell_and_wait(client: api.Client, kubeconfig: Path, docs: list[dict[str, Any]], changed: set[tuple[str, str]],

@@ -471,10 +471,14 @@ def repair_faults(client: api.Client, cluster_root: Any, nodes: Mapping[str, int
 # --------------------------------------------------------------------------- add-ons
 
 
-def addon_back(kubeconfig: Path, name: str, say: Callable[[str], None] = lambda _m: None) -> list[Restored]:
+def addon_back(kubeconfig: Path, name: str, say: Callable[[str], None] = lambda _m: None,
+               tell: Iterable[str] | None = None) -> list[Restored]:
     """The add-on ``name`` (``manifests/addons/<name>/``), if installed, as its manifests say: a ConfigMap with
-    other contents is applied again and the program reading it reloads or restarts (:func:`addons.put_back`)."""
-    return [Restored("configmap", key, "installed", name) for key in addons.put_back(kubeconfig, name, say)]
+    other contents is applied again and the program reading it reloads or restarts (:func:`addons.put_back`).
+    The programs of ``tell`` (ConfigMaps ``namespace/name``; None: all of them) are told in any case: a
+    ConfigMap changed back without telling its program leaves the program on the other configuration."""
+    tell = addons.configmaps(name) if tell is None else tell
+    return [Restored("configmap", key, "installed", name) for key in addons.put_back(kubeconfig, name, say, tell)]
 
 
 # --------------------------------------------------------------------------- nodes and PriorityClasses

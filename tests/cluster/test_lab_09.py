@@ -14,6 +14,7 @@ was not there before (the next module on this cluster may expect none).
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -101,10 +102,18 @@ def test_lab09_a_config_changed_but_never_reloaded_does_not_scale(lab09, learner
     assert "想要的副本数是 1" in lab09.message(dave, "scaled-up")
 
 
-def test_lab09_leaves_the_add_on_as_installed(lab09, cluster, kube):
+def test_lab09_leaves_the_add_on_as_installed(lab09, cluster, kube, kubectl):
     assert addons.installed(kube, "monitoring")
     for name, data in broken_pipeline.installed_configs().items():
         assert kube.get("ConfigMap", name, "monitoring")["data"] == data, name
+    # What Prometheus runs, not only what its ConfigMap says: a run that put the text back without a reload
+    # (dave's) is reloaded by TEARDOWN.
+    proxy = "/api/v1/namespaces/monitoring/services/prometheus:9090/proxy/api/v1"
+    loaded = json.loads(kubectl("get", "--raw", f"{proxy}/status/config").stdout)["data"]["yaml"]
+    assert "regex: nvidia-dcgm-exporter" in loaded and "honor_labels: true" in loaded
+    up = wait_for(lambda: json.loads(kubectl("get", "--raw", f"{proxy}/query?query=up%7Bjob%3D%22dcgm-exporter%22%7D")
+                                     .stdout)["data"]["result"], 30, what="Prometheus scraping the DCGM exporter")
+    assert all(r["value"][1] == "1" for r in up)
     assert kube.list("Role", "monitoring", label_selector="gpulab.io/grading=true") == []
     assert kube.list("RoleBinding", "monitoring", label_selector="gpulab.io/grading=true") == []
     assert journal.pending(cluster.root) == ([], [])
