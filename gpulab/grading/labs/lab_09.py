@@ -36,8 +36,8 @@ CLUSTER_RULES = (
     {"apiGroups": ["apiregistration.k8s.io"], "resources": ["apiservices"], "verbs": ["get", "list", "watch"]},
 )
 GPUS_FREE = 2
-CELL_TIMEOUT = 150
-TIMEOUT = 480
+CELL_TIMEOUT = 240
+TIMEOUT = 600
 
 INJECTED = fixtures.INJECTED
 HPA, DEPLOYMENT, METRIC = "llm", "llm", "DCGM_FI_DEV_GPU_UTIL"
