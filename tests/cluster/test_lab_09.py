@@ -31,7 +31,7 @@ pytestmark = [pytest.mark.cluster, NEEDS_POD_NETWORK]
 
 LAB09 = "09-hpa-not-scaling"
 FULL = {"broken-link": 3, "evidence": 2, "config-as-installed": 2, "metric-served": 2, "scaled-up": 3,
-        "hpa-as-given": 1}
+        "scaled-as-given": 1}
 RELOAD = '    core.connect_post_namespaced_service_proxy_with_path("prometheus:9090", "monitoring", "-/reload")\n'
 
 
@@ -97,7 +97,7 @@ def test_lab09_untouched_scores_zero(lab09, learners):
 
 def test_lab09_a_config_changed_but_never_reloaded_does_not_scale(lab09, learners):
     dave = learners["dave"]
-    assert lab09.earned(dave) == {**FULL, "metric-served": 0, "scaled-up": 0}
+    assert lab09.earned(dave) == {**FULL, "metric-served": 0, "scaled-up": 0, "scaled-as-given": 0}
     assert "ScalingActive 是 False" in lab09.message(dave, "metric-served")
     assert "想要的副本数是 1" in lab09.message(dave, "scaled-up")
 
