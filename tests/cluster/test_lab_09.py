@@ -54,21 +54,33 @@ def learners(cluster) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def lab09(cluster, kube, learners, tmp_path_factory):
+def addon(cluster, kube):
+    """The add-on as this module found it: grading installs it when missing; deleted again afterwards then."""
     was_installed = addons.installed(kube, "monitoring")
+    yield
+    if not was_installed:
+        addons.delete(cluster.kubeconfig, "monitoring", lambda _m: None)
+        wait_for(lambda: kube.get("Namespace", "monitoring") is None, 120, what="namespace monitoring deleted")
+
+
+@pytest.fixture(scope="module")
+def lab09(cluster, addon, learners, tmp_path_factory):
+    """The solution, once per fault. The mistakes are a batch of their own: every run waits on real controllers
+    (the HPA's sync, the adapter's relist), and each batch must fit one test's time."""
     subs = {learners[f"solved-{fault}"]: from_solution(LAB09) for fault in broken_pipeline.FAULTS}
-    # Puts the right text back into the ConfigMap, and never tells Prometheus: it reads its file only at a reload.
-    subs.update({learners["bob"]: untouched(LAB09), learners["dave"]: from_solution(LAB09, (RELOAD, ""))})
     started = time.monotonic()
-    try:
-        batch = grade(cluster, tmp_path_factory.mktemp("lab09"), "09", subs)
-        batch.seconds = (time.monotonic() - started) / len(subs)
-        batch.was_installed = was_installed
-        yield batch
-    finally:
-        if not was_installed:
-            addons.delete(cluster.kubeconfig, "monitoring", lambda _m: None)
-            wait_for(lambda: kube.get("Namespace", "monitoring") is None, 120, what="namespace monitoring deleted")
+    batch = grade(cluster, tmp_path_factory.mktemp("lab09"), "09", subs)
+    batch.seconds = (time.monotonic() - started) / len(subs)
+    return batch
+
+
+@pytest.fixture(scope="module")
+def lab09_mistakes(cluster, addon, learners, tmp_path_factory):
+    subs = {learners["bob"]: untouched(LAB09),
+            # Puts the right text back into the ConfigMap, and never tells Prometheus: it reads its file only at a
+            # reload.
+            learners["dave"]: from_solution(LAB09, (RELOAD, ""))}
+    return grade(cluster, tmp_path_factory.mktemp("lab09-mistakes"), "09", subs)
 
 
 def test_the_learners_cover_every_fault(learners):
@@ -85,24 +97,24 @@ def test_lab09_solution_repairs_every_fault_and_the_hpa_scales(lab09, learners):
     print(f"lab 09: {lab09.seconds:.1f} s per graded submission")
 
 
-def test_lab09_untouched_scores_zero(lab09, learners):
-    bob = learners["bob"]
-    assert_untouched_scores_zero(lab09, bob)
-    assert lab09.rows[bob].status == "cell-error"  # nothing repaired: the metric never comes
-    assert "之一" in lab09.message(bob, "broken-link")
-    assert "还留着被改坏的那处" in lab09.message(bob, "config-as-installed")
-    assert "FailedGetPodsMetric" in lab09.message(bob, "metric-served")
-    assert "见 metric-served" in lab09.message(bob, "scaled-up")
+def test_lab09_untouched_scores_zero(lab09_mistakes, learners):
+    batch, bob = lab09_mistakes, learners["bob"]
+    assert_untouched_scores_zero(batch, bob)
+    assert batch.rows[bob].status == "cell-error"  # nothing repaired: the metric never comes
+    assert "之一" in batch.message(bob, "broken-link")
+    assert "还留着被改坏的那处" in batch.message(bob, "config-as-installed")
+    assert "FailedGetPodsMetric" in batch.message(bob, "metric-served")
+    assert "见 metric-served" in batch.message(bob, "scaled-up")
 
 
-def test_lab09_a_config_changed_but_never_reloaded_does_not_scale(lab09, learners):
-    dave = learners["dave"]
-    assert lab09.earned(dave) == {**FULL, "metric-served": 0, "scaled-up": 0, "scaled-as-given": 0}
-    assert "ScalingActive 是 False" in lab09.message(dave, "metric-served")
-    assert "想要的副本数是 1" in lab09.message(dave, "scaled-up")
+def test_lab09_a_config_changed_but_never_reloaded_does_not_scale(lab09_mistakes, learners):
+    batch, dave = lab09_mistakes, learners["dave"]
+    assert batch.earned(dave) == {**FULL, "metric-served": 0, "scaled-up": 0, "scaled-as-given": 0}
+    assert "ScalingActive 是 False" in batch.message(dave, "metric-served")
+    assert "想要的副本数是 1" in batch.message(dave, "scaled-up")
 
 
-def test_lab09_leaves_the_add_on_as_installed(lab09, cluster, kube, kubectl):
+def test_lab09_leaves_the_add_on_as_installed(lab09, lab09_mistakes, cluster, kube, kubectl):
     assert addons.installed(kube, "monitoring")
     for name, data in broken_pipeline.installed_configs().items():
         assert kube.get("ConfigMap", name, "monitoring")["data"] == data, name
