@@ -111,7 +111,9 @@ def test_lab09_a_config_changed_but_never_reloaded_does_not_scale(lab09_mistakes
     batch, dave = lab09_mistakes, learners["dave"]
     assert batch.earned(dave) == {**FULL, "metric-served": 0, "scaled-up": 0, "scaled-as-given": 0}
     assert "ScalingActive 是 False" in batch.message(dave, "metric-served")
-    assert "想要的副本数是 1" in batch.message(dave, "scaled-up")
+    # The real controller never read a value: it decided nothing (its status says desiredReplicas 0).
+    assert "读不到指标，没法按 GPU 利用率决定副本数" in batch.message(dave, "scaled-up")
+    assert "有 1 个就绪副本" in batch.message(dave, "scaled-up")
 
 
 def test_lab09_leaves_the_add_on_as_installed(lab09, lab09_mistakes, cluster, kube, kubectl):

@@ -324,6 +324,8 @@ def test_lab09_the_metric_served_and_the_scale_up_are_what_the_cluster_shows():
     assert served.fraction == 0 and "FailedGetPodsMetric" in served.message and "nvidia-dcgm-exporter-abc" in served.message
     scaled = run(lab_09.scaled_up, broken)
     assert scaled.fraction == 0 and "见 metric-served" in scaled.message and "1 个就绪副本" in scaled.message
+    # Read, but still wanting one replica (the load was stopped): the controller's own number is said.
+    assert "想要的副本数是 1" in run(lab_09.scaled_up, _run09(_hpa09(desired=1, value="30"), ready=1)).message
     # Scaled by hand, not by the HPA: no SuccessfulRescale of the HPA's own.
     assert run(lab_09.scaled_up, _run09(_hpa09(), rescale=None)).fraction == pytest.approx(2 / 3)
     assert "没有 HPA" in run(lab_09.scaled_up, []).message

@@ -187,9 +187,10 @@ def scaled_up(ctx: Context):
     problems, score = [], 0
     if dig(hpa, "status", "desiredReplicas") == 2:
         score += 1
+    elif not _metric_read(hpa):
+        problems.append(f"评分结束时 HPA {HPA} 读不到指标，没法按 GPU 利用率决定副本数（见 metric-served）")
     else:
-        cause = "（它一直读不到指标，见 metric-served）" if not _metric_read(hpa) else ""
-        problems.append(f"评分结束时 HPA {HPA} 想要的副本数是 {dig(hpa, 'status', 'desiredReplicas', default='?')}{cause}")
+        problems.append(f"评分结束时 HPA {HPA} 想要的副本数是 {dig(hpa, 'status', 'desiredReplicas', default='?')}")
     rescales = [e.get("message") or "" for e in ctx.objects("Event", ctx.namespace)
                 if e.get("reason") == "SuccessfulRescale" and dig(e, "involvedObject", "name") == HPA]
     if any("New size: 2" in m and "above target" in m for m in rescales):
