@@ -8,6 +8,11 @@ prometheus-adapter, the metrics pipeline of the chapter's HPA section; lesson 07
 installs it (``gpulab addon install monitoring``) as a team would install
 kube-prometheus-stack, so lessons 00-06 run without its ~260 MiB.
 
+The way back is the same apply: :func:`put_back` re-applies an installed
+add-on whose configuration someone changed, and :func:`reconfigure` tells its
+programs about a ConfigMap edited in place (a reload or a restart), as an
+operator would after ``kubectl edit``.
+
 On the embedded backend the add-on's images run programs gpulab builds
 (:mod:`.binaries`; they are built after the core, by ``gpulab build``): an
 install first builds what is missing, with progress. On kind the images are
@@ -17,6 +22,7 @@ pulled as on any cluster.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -87,6 +93,37 @@ def install(kubeconfig: Path, name: str, say: Say, timeout: float = READY_TIMEOU
                   service=svc["metadata"]["name"], namespace=served_by.get("namespace"), name=served_by.get("name"),
                   addon=name))
             client.delete("APIService", svc["metadata"]["name"])
+    _apply(client, kubeconfig, name, docs, say, started + timeout)
+    return _("add-on {addon} installed in {seconds:.1f} s", addon=name, seconds=time.monotonic() - started)
+
+
+def put_back(kubeconfig: Path, name: str, say: Say, tell: Iterable[str] = (),
+             timeout: float = READY_TIMEOUT) -> list[str]:
+    """An installed add-on as its manifests say, as :func:`install` leaves it (a ConfigMap someone changed
+    is applied again and the programs reading it reload or restart); nothing when it is not installed.
+
+    ``tell``: ConfigMaps (``namespace/name``) whose programs reload or restart even when the ConfigMap is as
+    installed: someone may have changed it and changed it back without telling them, and a program that
+    was never told still runs the other configuration. Returns the ConfigMaps that had other contents."""
+    client = api.Client(kubeconfig)
+    if not installed(client, name):
+        return []
+    return _apply(client, kubeconfig, name, documents(name), say, time.monotonic() + timeout, _keys(tell))
+
+
+def configmaps(name: str) -> list[str]:
+    """The add-on's ConfigMaps, ``namespace/name``."""
+    return [f"{d['metadata']['namespace']}/{d['metadata']['name']}" for d in documents(name) if d["kind"] == "ConfigMap"]
+
+
+def _keys(configmaps: Iterable[str]) -> set[tuple[str, str]]:
+    return {(ns, cm) for ns, _sep, cm in (key.partition("/") for key in configmaps)}
+
+
+def _apply(client: api.Client, kubeconfig: Path, name: str, docs: list[dict[str, Any]], say: Say,
+           deadline: float, tell: set[tuple[str, str]] = frozenset()) -> list[str]:
+    """Apply the add-on's objects; tell the programs whose ConfigMaps had other contents (and those of
+    ``tell``); wait until it serves."""
     desired = {(d["metadata"]["namespace"], d["metadata"]["name"]): _data(d) for d in docs if d["kind"] == "ConfigMap"}
     before = {key: _data(client.get("ConfigMap", key[1], key[0])) for key in desired}
     for doc in docs:
@@ -94,16 +131,29 @@ def install(kubeconfig: Path, name: str, say: Say, timeout: float = READY_TIMEOU
     say(_("{addon}: applied {n} objects from {path}", addon=name, n=len(docs), path=root() / name))
     # A ConfigMap that existed with other contents: the programs reading it are told (reload or restart).
     changed = {key for key, data in desired.items() if before[key] is not None and before[key] != data}
+    _tell_and_wait(client, kubeconfig, docs, changed | (tell & set(desired)), say, deadline)
+    return [f"{ns}/{cm}" for ns, cm in sorted(changed)]
+
+
+def reconfigure(kubeconfig: Path, name: str, configmaps: Iterable[str], say: Say,
+                timeout: float = READY_TIMEOUT) -> None:
+    """The add-on's ConfigMaps ``configmaps`` (``namespace/name``) were edited in place, as an operator edits
+    one: the programs that mount them reload or restart, as :func:`install` tells them; wait until it serves."""
+    client = api.Client(kubeconfig)
+    _tell_and_wait(client, kubeconfig, documents(name), _keys(configmaps), say, time.monotonic() + timeout)
+
+
+def _tell_and_wait(client: api.Client, kubeconfig: Path, docs: list[dict[str, Any]], changed: set[tuple[str, str]],
+                   say: Say, deadline: float) -> None:
+    """Tell the Deployments that mount a ``changed`` ConfigMap; wait until every Deployment and APIService serves."""
     for doc in docs:
         if doc["kind"] == "Deployment" and changed & _mounted(doc):
             _reconfigure(client, kubeconfig, doc, changed & _mounted(doc), say)
     for doc in docs:
         if doc["kind"] == "Deployment":
-            _wait_deployment(client, doc["metadata"]["namespace"], doc["metadata"]["name"], say,
-                             started + timeout)
+            _wait_deployment(client, doc["metadata"]["namespace"], doc["metadata"]["name"], say, deadline)
     for svc in _api_services(docs):
-        _wait_api_service(client, svc["metadata"]["name"], say, started + timeout)
-    return _("add-on {addon} installed in {seconds:.1f} s", addon=name, seconds=time.monotonic() - started)
+        _wait_api_service(client, svc["metadata"]["name"], say, deadline)
 
 
 def delete(kubeconfig: Path, name: str, say: Say) -> str:

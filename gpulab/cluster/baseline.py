@@ -9,7 +9,8 @@ taints, PriorityClasses. This module is the only place that knows
   :func:`topology_baseline`), and how to take a snapshot of it as it is
   (:func:`capture`, :meth:`ClusterState.capture`, :func:`gpu_nodes`);
 - how to put each part back (:func:`restore`, :func:`repair_faults`,
-  :func:`node_keys_back`, :meth:`ClusterState.restore`), every change
+  :func:`node_keys_back`, :meth:`ClusterState.restore`, an add-on's
+  configuration with :func:`addon_back`), every change
   reported as one :class:`Restored` (English for the CLI, zh-CN for notebooks);
 - when the GPU stack is **settled** (:func:`unsettled`): every GPU node
   advertises what it should with all its devices healthy, no MIG change is
@@ -57,8 +58,9 @@ from ..kube.names import (
     OPERATOR_NAMESPACE,
 )
 from ..kube.names import DEVICE_PLUGIN_CONFIG_LABEL as CONFIG_LABEL
+from . import addons
 from . import nodes as node_objects
-from .base import Cluster
+from .base import Cluster, Say
 
 POLICY = CLUSTER_POLICY
 STACK_LABELS = (CONFIG_LABEL, MIG_CONFIG_LABEL)
@@ -99,6 +101,7 @@ _TEXT = {
     ("clusterpolicy", "installed"): N_("ClusterPolicy {subject}: spec as installed"),
     ("configmap", "deleted"): N_("ConfigMap {subject} deleted"),
     ("configmap", "restored"): N_("ConfigMap {subject} restored"),
+    ("configmap", "installed"): N_("ConfigMap {subject} as installed (add-on {detail}); its program reloaded or restarted"),
 }
 _UNNAMED = N_("{subject}: {what} {detail} {action}")
 
@@ -461,6 +464,19 @@ def repair_faults(client: api.Client, cluster_root: Any, nodes: Mapping[str, int
     wait_settled(client, {name: {"resources": ANY} for name in nodes}, timeout,
                  what="every GPU allocatable again and the GPU stack ready")
     return done
+
+
+# --------------------------------------------------------------------------- add-ons
+
+
+def addon_back(kubeconfig: Path, name: str, say: Say = lambda _m: None,
+               tell: Iterable[str] | None = None) -> list[Restored]:
+    """The add-on ``name`` (``manifests/addons/<name>/``), if installed, as its manifests say: a ConfigMap with
+    other contents is applied again and the program reading it reloads or restarts (:func:`addons.put_back`).
+    The programs of ``tell`` (ConfigMaps ``namespace/name``; None: all of them) are told in any case: a
+    ConfigMap changed back without telling its program leaves the program on the other configuration."""
+    tell = addons.configmaps(name) if tell is None else tell
+    return [Restored("configmap", key, "installed", name) for key in addons.put_back(kubeconfig, name, say, tell)]
 
 
 # --------------------------------------------------------------------------- nodes and PriorityClasses

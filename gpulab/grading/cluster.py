@@ -70,7 +70,8 @@ from gpulab.cluster.baseline import Restored
 from gpulab.cluster.base import Cluster
 from gpulab.fakegpu import faults
 from gpulab.kube import api, kubeconfig, pki
-from gpulab.kube.names import OPERATOR_NAMESPACE
+from gpulab.kube.names import MONITORING, MONITORING_NAMESPACE, OPERATOR_NAMESPACE
+from gpulab.kube.statedir import StateDir
 
 from . import journal
 from .checks import CheckLoadError, lab_module_name
@@ -484,7 +485,7 @@ class ClusterSandbox:
         if "gpu-stack" in changes:
             before["gpu_stack"] = baseline.capture(self.client)
         cleanup = {"cluster_binding": self._cluster_binding_name(namespace) if self.spec.cluster_rules else None,
-                   "grants": "gpu-stack" in changes}
+                   "grants": granted_namespaces(changes)}
         return journal.Journal.open(self.cluster_root, lab=self.spec.lab, namespace=namespace, learner=learner,
                                     namespaces=names, changes=changes, before=before, cleanup=cleanup,
                                     cluster_uid=journal.cluster_uid(self.client))
@@ -594,41 +595,60 @@ class ClusterSandbox:
             key.unlink(missing_ok=True)
 
 
-# --------------------------------------------------------------------------- the GPU stack's grants
+# --------------------------------------------------------------------------- grants beyond the namespaces
 
-STACK_GRANT_PREFIX = "gpulab:grading:"
+GRANT_PREFIX = "gpulab:grading:"
 
 
-def _stack_grant_name(namespace: str) -> str:
-    return f"{STACK_GRANT_PREFIX}{namespace}"
+def _grant_name(namespace: str) -> str:
+    return f"{GRANT_PREFIX}{namespace}"
 
 
 # Node events (DevicePluginConfigInvalid, MigConfigFailed) are in "default"; the learner may read them.
 STACK_GRANTS = {OPERATOR_NAMESPACE: [{"apiGroups": [""], "resources": ["configmaps"], "verbs": _ALL}],
-          "default": [{"apiGroups": [""], "resources": ["events"], "verbs": ["get", "list", "watch"]}]}
+                "default": [{"apiGroups": [""], "resources": ["events"], "verbs": _READ}]}
+#: Labs that repair the monitoring add-on: its ConfigMaps, a rollout restart of its Deployments (a patch),
+#: its pods, logs and exec (is the new file there yet?), and the Prometheus Service's proxy (PromQL; POST /-/reload).
+MONITORING_GRANTS = {MONITORING_NAMESPACE: [
+    {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "list", "watch", "patch", "update"]},
+    {"apiGroups": ["apps"], "resources": ["deployments"], "verbs": ["get", "list", "watch", "patch"]},
+    {"apiGroups": ["apps"], "resources": ["replicasets"], "verbs": _READ},
+    {"apiGroups": [""], "resources": ["pods", "pods/log", "events", "services", "endpoints"], "verbs": _READ},
+    {"apiGroups": [""], "resources": ["pods/exec"], "verbs": ["get", "create"]},
+    {"apiGroups": [""], "resources": ["services/proxy"], "verbs": ["get", "create"]},
+]}
+#: What a lab's ``SETUP`` grants, by the change it declares (:data:`journal.CHANGES`); a journal records the
+#: namespaces, so that a killed grader's grants go too.
+GRANTS = {"gpu-stack": STACK_GRANTS, "monitoring": MONITORING_GRANTS}
 
 
-def grant_stack(client: api.Client, namespace: str, user: str) -> None:
-    """For labs that reconfigure the GPU stack: let ``user`` manage ConfigMaps in the operator's namespace and
-    read node events in ``default`` (a Role and RoleBinding in each, never a cluster-wide grant)."""
-    name = _stack_grant_name(namespace)
-    for ns, rules in STACK_GRANTS.items():
+def grant(client: api.Client, namespace: str, user: str, grants: Mapping[str, Sequence[Mapping[str, Any]]]) -> None:
+    """Let ``user`` (the submission in ``namespace``) do what ``grants`` says (namespace -> rules) in other
+    namespaces: a Role and RoleBinding in each, never a cluster-wide grant."""
+    name = _grant_name(namespace)
+    for ns, rules in grants.items():
         for kind in ("RoleBinding", "Role"):  # leftovers of an interrupted grader
             for obj in client.list(kind, ns, label_selector=f"{LABEL_GRADING}=true"):
                 client.delete(kind, obj["metadata"]["name"], ns)
         client.create({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
                        "metadata": {"name": name, "namespace": ns, "labels": {LABEL_GRADING: "true"}},
-                       "rules": rules})
+                       "rules": [dict(r) for r in rules]})
         client.create({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
                        "metadata": {"name": name, "namespace": ns, "labels": {LABEL_GRADING: "true"}},
                        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
                        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}]})
 
 
-def revoke_stack(client: api.Client, namespace: str) -> None:
-    for ns in STACK_GRANTS:
+def revoke(client: api.Client, namespace: str, grant_namespaces: Iterable[str]) -> None:
+    """Take back what :func:`grant` gave the submission in ``namespace`` in each of ``grant_namespaces``."""
+    for ns in grant_namespaces:
         for kind in ("RoleBinding", "Role"):
-            client.delete(kind, _stack_grant_name(namespace), ns)
+            client.delete(kind, _grant_name(namespace), ns)
+
+
+def granted_namespaces(changes: Iterable[str]) -> list[str]:
+    """The namespaces in which a lab that declares ``changes`` grants its submissions something."""
+    return sorted({ns for c in changes for ns in GRANTS.get(c, {})})
 
 
 def delete_leftovers(client: api.Client, prefix: str) -> list[str]:
@@ -684,8 +704,10 @@ def restore_journal(client: api.Client, record: journal.Journal, timeout: float 
             for kind in ("ClusterRoleBinding", "ClusterRole"):
                 if client.delete(kind, cleanup["cluster_binding"]):
                     done.append(Restored("grant", cleanup["cluster_binding"], "deleted", kind))
-        if cleanup.get("grants"):
-            revoke_stack(client, rec["namespace"])
+        grants = cleanup.get("grants")
+        if grants:
+            # A list of namespaces; `true` in a journal of an earlier gpulab meant the GPU stack's grants.
+            revoke(client, rec["namespace"], grants if isinstance(grants, list) else STACK_GRANTS)
         _wait(lambda: not any(client.list("Pod", ns) for ns in names), timeout,
               f"the pods of {', '.join(names)} to be gone")
         if "faults" in changes and "faults" in before:
@@ -695,6 +717,8 @@ def restore_journal(client: api.Client, record: journal.Journal, timeout: float 
         stack = before.get("gpu_stack")
         if "gpu-stack" in changes and stack and baseline.differs(client, stack):
             done += baseline.restore(client, stack, timeout)
+        if "monitoring" in changes:
+            done += baseline.addon_back(StateDir(root).kubeconfig, MONITORING)
         baseline.ClusterState.from_dict(before).restore(client, done)
     except Exception as exc:
         exc.restored = done  # type: ignore[attr-defined]

@@ -69,6 +69,7 @@ LEFT_OUT: dict[str, str] = {
     "tests/cluster/test_lab_04.py": "grades lab 04's solution and typical mistakes (lab_support)",
     "tests/cluster/test_lab_06.py": "grades lab 06's solution and typical mistakes (lab_support)",
     "tests/cluster/test_lab_08.py": "grades lab 08's solution and typical mistakes (lab_support)",
+    "tests/cluster/test_lab_09.py": "grades lab 09's solution and typical mistakes (lab_support)",
     "tests/cluster/test_grader_journal.py": "kills a grader grading a lab's solution (lab_support)",
     "tests/unit/test_grading_labs.py": "checks each lab against its solution and its example hidden checks",
     "tests/unit/test_add_a_lab.py": "adds a lab as DEVELOPMENT.md says, from copies of solutions/ and the hidden checks",

@@ -12,7 +12,7 @@ check modules use :func:`make_hooks` for ``SETUP``/``TEARDOWN``
   earlier manual run cannot skew the graded one), waits until it has settled,
   and grants the submission's identity the ConfigMaps of ``gpu-operator`` and
   read access to node events in ``default``
-  (:func:`gpulab.grading.cluster.grant_stack`);
+  (:func:`gpulab.grading.cluster.grant` of ``STACK_GRANTS``);
 - ``TEARDOWN`` deletes the submission's namespaces first (the MIG manager
   refuses to change a layout while pods use the GPUs, as the real one does),
   then puts the stack back exactly as found and waits until it has settled
@@ -37,7 +37,7 @@ from gpulab.cluster import baseline
 from gpulab.kube import api
 from gpulab.kube.names import CLUSTER_POLICY, OPERATOR_NAMESPACE
 
-from .cluster import grant_stack, learner_user, revoke_stack
+from .cluster import STACK_GRANTS, grant, learner_user, revoke
 from .journal import declare
 
 # What a learner's identity may do beyond its namespaces in these labs (CLUSTER_RULES).
@@ -80,7 +80,7 @@ def make_hooks(namespaces: Sequence[str]) -> tuple[Callable[[Any], list[dict[str
         start = baseline.installed_stack(found)
         if baseline.differs(client, start):
             baseline.restore(client, start)
-        grant_stack(client, env.namespace, learner_user(env.learner))
+        grant(client, env.namespace, learner_user(env.learner), STACK_GRANTS)
         return []
 
     def teardown(env: Any) -> None:
@@ -94,6 +94,6 @@ def make_hooks(namespaces: Sequence[str]) -> tuple[Callable[[Any], list[dict[str
             if found is not None:
                 baseline.restore(client, found)
         finally:
-            revoke_stack(client, env.namespace)
+            revoke(client, env.namespace, STACK_GRANTS)
 
     return setup, teardown

@@ -2,7 +2,8 @@
 
 Before a cluster-wide lab's run changes anything outside its namespaces
 (``normalize``, the lab's ``SETUP`` hook: GPU faults, node labels and taints,
-PriorityClasses, the GPU stack's ClusterPolicy and ConfigMaps),
+PriorityClasses, the GPU stack's ClusterPolicy and ConfigMaps, the monitoring
+add-on's configuration),
 :class:`~gpulab.grading.cluster.ClusterSandbox` writes a journal,
 ``<cluster>/journal/<namespace>.<pid>.json`` (atomically, see
 :mod:`gpulab._fsutil`): who runs it (pid, the process's start time, command,
@@ -48,6 +49,7 @@ CHANGES = {
     "priority-classes": "PriorityClasses",
     "faults": "simulated GPU faults (gpulab fault) on the GPU nodes",
     "gpu-stack": "the ClusterPolicy's spec, gpu-operator's ConfigMaps, the GPU nodes' stack labels",
+    "monitoring": "the monitoring add-on's configuration (Prometheus's scrape config, prometheus-adapter's rules)",
 }
 ALWAYS = ("nodes", "priority-classes")
 

@@ -12,6 +12,11 @@ import ipaddress
 # DCGM exporter, validator) run, on the embedded backend as on kind.
 OPERATOR_NAMESPACE = "gpu-operator"
 
+# The monitoring add-on (manifests/addons/monitoring/): its name, and the namespace its Prometheus,
+# kube-state-metrics and prometheus-adapter run in.
+MONITORING = "monitoring"
+MONITORING_NAMESPACE = "monitoring"
+
 # Nodes that gpulab simulates carry this annotation: KWOK keeps them alive
 # (heartbeats, leases) and the node agent runs their pods.
 NODE_ANNOTATION = ("kwok.x-k8s.io/node", "fake")

@@ -24,9 +24,10 @@ from prometheus_api_client import PrometheusApiClientException, PrometheusConnec
 from urllib3.util.retry import Retry
 
 from ..kube import api
+from ..kube.names import MONITORING_NAMESPACE
 
 #: Where the monitoring add-on's Prometheus is (its Service in manifests/addons/monitoring/20-prometheus.yaml).
-NAMESPACE = "monitoring"
+NAMESPACE = MONITORING_NAMESPACE
 SERVICE = "prometheus"
 PORT = 9090
 #: The command that installs it, and waits until it serves.

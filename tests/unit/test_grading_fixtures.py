@@ -14,12 +14,14 @@ import threading
 from pathlib import Path
 
 import pytest
+import yaml
 
 from gpulab.cluster import baseline
 from gpulab.grading import fixtures, journal, secret
-from gpulab.grading.cluster import LabEnv, load_lab_spec
-from gpulab.grading.fixtures import broken_layer, gpu_trouble
-from gpulab.grading.labs import lab_02, lab_08
+from gpulab.grading.cluster import MONITORING_GRANTS, LabEnv, load_lab_spec
+from gpulab.grading.fixtures import broken_layer, broken_pipeline, gpu_trouble
+from gpulab.grading.labs import lab_02, lab_08, lab_09
+from grading_support import FakeClient
 
 REPO = Path(__file__).resolve().parents[2]
 NODES = {"gpu-node-1": 2, "gpu-node-2": 8}
@@ -125,6 +127,69 @@ def test_lab08_unhealthy_card_is_keyed_too():
     assert sum(a == b for a, b in zip(cards[KEY_A], cards[KEY_B])) < 24  # chance: 8 of 64
 
 
+def test_lab09_scenario_is_keyed_and_covers_every_link():
+    picked = [broken_pipeline.scenario(f"grade-09-l{i}", KEY_A) for i in range(40)]
+    assert set(picked) == set(broken_pipeline.FAULTS)
+    assert {broken_pipeline.FAULTS[f].link for f in picked} == set(broken_pipeline.LINKS)
+    assert picked == [broken_pipeline.scenario(f"grade-09-l{i}", KEY_A) for i in range(40)]
+    other = [broken_pipeline.scenario(f"grade-09-l{i}", KEY_B) for i in range(40)]
+    assert sum(a == b for a, b in zip(picked, other)) < 20  # chance: 1 in 4
+
+
+@pytest.mark.parametrize("name", sorted(broken_pipeline.FAULTS))
+def test_lab09_each_fault_edits_the_installed_config_in_place(name):
+    """A colleague's edit of the add-on's own text: one place, the rest (comments too) as installed, still YAML."""
+    fault = broken_pipeline.FAULTS[name]
+    good = broken_pipeline.installed_text(fault.configmap, fault.key)
+    bad = fault.apply(good)
+    assert bad != good and isinstance(yaml.safe_load(bad), dict)
+    lines = broken_pipeline.changed_lines(good, bad)
+    assert lines and all(line in bad for line in lines)
+    undone = bad
+    for old, new in fault.edits:
+        assert undone.count(new) == 1
+        undone = undone.replace(new, old)
+    assert undone == good
+    with pytest.raises(Exception, match="expected .* once"):
+        fault.apply(bad)  # the installed text is gone: a second edit would be guesswork
+
+
+def test_lab09_setup_grants_the_monitoring_namespace_breaks_one_link_and_reports_it(home, monkeypatch):
+    told = []
+    monkeypatch.setattr(broken_pipeline, "ensure_installed", lambda env: told.append("installed"))
+    monkeypatch.setattr(broken_pipeline.addons, "reconfigure",
+                        lambda kubeconfig, name, configmaps, say: told.append((name, list(configmaps))))
+    installed = broken_pipeline.installed_configs()
+    client = FakeClient([{"kind": "ConfigMap", "metadata": {"name": n, "namespace": "monitoring"}, "data": dict(d)}
+                         for n, d in installed.items()])
+    env = LabEnv(client, home, "grade-09-amy", "amy")
+    [record] = broken_pipeline.setup(env)
+    name = broken_pipeline.scenario("grade-09-amy", secret.load())
+    fault = broken_pipeline.FAULTS[name]
+    assert told == ["installed", ("monitoring", [f"monitoring/{fault.configmap}"])]
+    live = client.get("ConfigMap", fault.configmap, "monitoring")["data"][fault.key]
+    assert live == fault.apply(installed[fault.configmap][fault.key])
+    assert record["kind"] == "InjectedFault" and record["fault"] == name and record["link"] == fault.link
+    assert record["lines"] == broken_pipeline.changed_lines(installed[fault.configmap][fault.key], live)
+    assert record["installed"] == installed
+    role = client.get("Role", "gpulab:grading:grade-09-amy", "monitoring")
+    assert role["rules"] == MONITORING_GRANTS["monitoring"]
+    binding = client.get("RoleBinding", "gpulab:grading:grade-09-amy", "monitoring")
+    assert binding["subjects"][0]["name"].startswith("gpulab-grader:amy")
+    # COLLECT: the ConfigMaps as the run left them, for the checks.
+    assert {cm["metadata"]["name"]: cm["data"] for cm in broken_pipeline.collect(client)["ConfigMap"]}[
+        fault.configmap][fault.key] == live
+
+    put_back = []
+    monkeypatch.setattr(broken_pipeline.baseline, "addon_back",
+                        lambda kubeconfig, name, say, tell: put_back.append((name, tell)))
+    broken_pipeline.teardown(env)
+    # Prometheus reloads (or the adapter restarts) even if the run put the text back without telling it.
+    assert put_back == [("monitoring", [f"monitoring/{fault.configmap}"])]
+    assert client.get("Role", "gpulab:grading:grade-09-amy", "monitoring") is None
+    assert client.get("RoleBinding", "gpulab:grading:grade-09-amy", "monitoring") is None
+
+
 class _Client:
     """Node statuses for ``gpu_resources``; nothing else is asked in these tests."""
 
@@ -171,7 +236,8 @@ def test_repair_waits_for_the_advertised_resources_only():
 
 
 def test_check_modules_declare_fixtures_and_hold_no_fault_injection():
-    for module, fixture, changes in ((lab_02, broken_layer, ("faults",)), (lab_08, gpu_trouble, ("faults", "nodes"))):
+    for module, fixture, changes in ((lab_02, broken_layer, ("faults",)), (lab_08, gpu_trouble, ("faults", "nodes")),
+                                     (lab_09, broken_pipeline, ("monitoring",))):
         spec = load_lab_spec(module.LAB[:2])
         assert spec.setup is fixture.setup and spec.teardown is fixture.teardown
         assert set(changes) <= set(journal.declared(spec.setup)) and set(journal.declared(spec.setup)) <= \
@@ -199,6 +265,8 @@ def test_learner_notebooks_import_no_check_module():
     assert "from gpulab.grading.fixtures.broken_layer import practice_break" in practice[
         "02-layered-verification.ipynb"][0]
     assert "from gpulab.grading.fixtures.gpu_trouble import practice_break" in practice["08-troubleshooting.ipynb"][0]
+    assert "from gpulab.grading.fixtures.broken_pipeline import practice_break" in practice[
+        "09-hpa-not-scaling.ipynb"][0]
 
 
 def test_fixtures_live_in_gpulab_home_not_the_checkout(home):

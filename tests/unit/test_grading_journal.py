@@ -15,7 +15,7 @@ from gpulab.fakegpu import faults
 from gpulab.cluster import baseline
 from gpulab.grading import journal
 from gpulab.cluster.baseline import ClusterState
-from gpulab.grading.cluster import ClusterSandbox, LabSpec, load_lab_spec, restore_journal
+from gpulab.grading.cluster import ClusterSandbox, LabSpec, granted_namespaces, load_lab_spec, restore_journal
 from gpulab.cluster.baseline import Restored
 from gpulab.grading.journal import Journal, JournalError, Owner
 from grading_support import FakeClient, apply_merge_patch
@@ -213,6 +213,33 @@ def test_restore_journal_puts_back_faults_taints_labels_and_priority_classes(tmp
     assert client.list("Pod", "grade-02-amy") == []
     # Nothing left to do: a second restore changes nothing.
     assert restore_journal(client, record, timeout=1) == []
+
+
+def test_restore_journal_puts_the_monitoring_add_on_back_and_takes_the_grants(tmp_path, monkeypatch):
+    """Lab 09's run was killed: its namespace and its Role in monitoring go, the add-on is put back as installed."""
+    client = FakeClient([node("gpu-node-1")])
+    put_back = []
+    monkeypatch.setattr(baseline, "addon_back", lambda kubeconfig, name: put_back.append((kubeconfig, name)) or
+                        [Restored("configmap", "monitoring/adapter-config", "installed", name)])
+    record = open_journal(tmp_path, client, "grade-09-amy", changes=("nodes", "priority-classes", "monitoring"),
+                          cleanup={"cluster_binding": None, "grants": ["monitoring"]})
+    client.create({"kind": "Namespace", "metadata": {"name": "grade-09-amy"}})
+    for kind in ("Role", "RoleBinding"):
+        client.create({"kind": kind, "metadata": {"name": "gpulab:grading:grade-09-amy", "namespace": "monitoring"}})
+    done = restore_journal(client, record, timeout=1)
+    assert [r.text() for r in done] == [
+        "namespace grade-09-amy deleted",
+        "ConfigMap monitoring/adapter-config as installed (add-on monitoring); its program reloaded or restarted"]
+    assert "恢复为安装时的配置" in done[1].text("zh")
+    assert put_back == [(tmp_path / "kubeconfig", "monitoring")]
+    assert client.list("Role", "monitoring") == client.list("RoleBinding", "monitoring") == []
+
+
+def test_the_journal_names_the_namespaces_a_lab_grants_in():
+    assert granted_namespaces(("nodes", "gpu-stack")) == ["default", "gpu-operator"]
+    assert granted_namespaces(("monitoring",)) == ["monitoring"]
+    assert granted_namespaces(("faults", "nodes")) == []
+    assert journal.declared(load_lab_spec("09").setup) == ("nodes", "priority-classes", "monitoring")
 
 
 def test_faults_are_snapshotted_and_put_back_keeping_what_was_there(tmp_path):

@@ -13,10 +13,12 @@ from pathlib import Path
 
 import nbformat
 import pytest
+import yaml
 
 from gpulab.grading.checks import Context, load_hidden_checks, load_lab_checks
 from gpulab.grading.labrules import lab_names, lab_problems, naming_problems
-from gpulab.grading.labs import lab_01, lab_02, lab_03, lab_05, lab_07, lab_08
+from gpulab.grading.fixtures import broken_pipeline
+from gpulab.grading.labs import lab_01, lab_02, lab_03, lab_05, lab_07, lab_08, lab_09
 from gpulab.grading.labsource import check_drift
 
 REPO = Path(__file__).resolve().parents[2]
@@ -228,6 +230,105 @@ def test_lab02_layer_hints_never_name_the_broken_layer():
         message = lab_02.broken_layer(Context.from_objects([_fault02(truth)], values={"broken_layer": said})).message
         assert truth not in message and lab_02.LAYER_NAMES[truth] not in message
     assert "之一" in lab_02.broken_layer(Context.from_objects([_fault02("gpu")], values={"broken_layer": "GPU"})).message
+
+
+# --------------------------------------------------------------------------- lab 09
+
+
+def _fault09(name):
+    """The InjectedFault record the fixture returns for ``name``, and the broken text of its ConfigMap."""
+    fault = broken_pipeline.FAULTS[name]
+    installed = broken_pipeline.installed_configs()
+    good = installed[fault.configmap][fault.key]
+    bad = fault.apply(good)
+    return ({"kind": "InjectedFault", "metadata": {"name": name}, "fault": name, "link": fault.link,
+             "configmap": fault.configmap, "key": fault.key, "lines": broken_pipeline.changed_lines(good, bad),
+             "installed": installed}, bad)
+
+
+def _configmap09(name, key, text):
+    return {"kind": "ConfigMap", "metadata": {"name": name, "namespace": "monitoring"}, "data": {key: text}}
+
+
+def test_lab09_link_hints_never_name_the_broken_link():
+    for (said, truth), _ in lab_09._LINK_HINTS.items():
+        fault = next(f for f in broken_pipeline.FAULTS if broken_pipeline.FAULTS[f].link == truth)
+        message = lab_09.broken_link(Context.from_objects([_fault09(fault)[0]], values={"broken_link": said})).message
+        assert truth not in message and lab_09.LINK_NAMES[truth] not in message, (said, truth)
+    assert "之一" in lab_09.broken_link(Context.from_objects([_fault09("keep-regex")[0]],
+                                                               values={"broken_link": None})).message
+    assert lab_09.broken_link(Context.from_objects([_fault09("exported-pod")[0]],
+                                                   values={"broken_link": "series-labels"})).passed
+
+
+@pytest.mark.parametrize("fault, text, fraction", [
+    ("keep-regex", "regex: dcgm-exporter", 1),
+    ("keep-regex", "  regex: dcgm-exporter\n", 1),
+    ("exported-pod", "honor_labels: false", 1),
+    ("series-query", """- seriesQuery: '{__name__=~"^DCMG_FI_.*",namespace!="",pod!=""}'""", 1),
+    ("resources-override", "exported_pod: {resource: pod}", 1),
+    ("keep-regex", "action: keep", 1 / 2),            # a line of the same config, as installed
+    ("series-query", "namespace: {resource: namespace}", 1 / 2),
+    ("exported-pod", "HPA 拿不到指标", 0),
+    ("resources-override", "", 0),
+])
+def test_lab09_evidence_is_the_changed_line_quoted(fault, text, fraction):
+    ctx = Context.from_objects([_fault09(fault)[0]], values={"evidence": text})
+    assert lab_09.evidence(ctx).fraction == pytest.approx(fraction)
+
+
+def test_lab09_config_is_judged_parsed_against_the_installed_one():
+    record, bad = _fault09("exported-pod")
+    good = record["installed"]["prometheus-config"]["prometheus.yml"]
+
+    def judge(text):
+        return lab_09.config_as_installed(Context.from_objects(
+            [record, _configmap09("prometheus-config", "prometheus.yml", text)], namespace="ns"))
+
+    assert judge(good).passed
+    assert judge(yaml.safe_dump(yaml.safe_load(good))).passed  # comments lost in a re-dump: the same config
+    assert judge(bad).fraction == 0 and "还留着被改坏的那处" in judge(bad).message
+    # Lesson 07's other fix: honor_labels back on, the copied relabellings kept. It works; it is not as installed.
+    other = bad.replace("    honor_labels: false\n", "    honor_labels: true\n")
+    assert judge(other).fraction == pytest.approx(1 / 2)
+    assert "relabel_configs" in judge(other).message and "honor_labels" not in judge(other).message
+
+
+def _hpa09(active="True", desired=2, value="80", reason="ValidMetricFound"):
+    return {"kind": "HorizontalPodAutoscaler", "metadata": {"name": "llm", "namespace": "ns"},
+            "spec": {"minReplicas": 1, "maxReplicas": 2},
+            "status": {"desiredReplicas": desired,
+                       "conditions": [{"type": "ScalingActive", "status": active, "reason": reason}],
+                       "currentMetrics": [{"type": "Pods", "pods": {"metric": {"name": "DCGM_FI_DEV_GPU_UTIL"},
+                                                                    "current": {"averageValue": value}}}]
+                       if value else None}}
+
+
+def _run09(hpa, ready=2, rescale="New size: 2; reason: pods metric DCGM_FI_DEV_GPU_UTIL above target"):
+    pods = [{"kind": "Pod", "metadata": {"name": f"llm-{i}", "namespace": "ns", "labels": {"app": "llm"}}}
+            for i in range(ready)]
+    events = [{"kind": "Event", "metadata": {"name": "e", "namespace": "ns"}, "reason": "SuccessfulRescale",
+               "involvedObject": {"name": "llm"}, "message": rescale}] if rescale else []
+    deployment = {"kind": "Deployment", "metadata": {"name": "llm", "namespace": "ns"}, "status": {"readyReplicas": ready}}
+    return [hpa, deployment, *pods, *events]
+
+
+def test_lab09_the_metric_served_and_the_scale_up_are_what_the_cluster_shows():
+    def run(check, objects, **values):
+        return check(Context.from_objects(objects, values=values, namespace="ns"))
+
+    assert run(lab_09.metric_served, _run09(_hpa09()), served_pods=["llm-0"]).passed
+    assert run(lab_09.scaled_up, _run09(_hpa09())).passed
+    broken = _run09(_hpa09("False", 1, None, "FailedGetPodsMetric"), ready=1, rescale=None)
+    served = run(lab_09.metric_served, broken, served_pods=["nvidia-dcgm-exporter-abc"])
+    assert served.fraction == 0 and "FailedGetPodsMetric" in served.message and "nvidia-dcgm-exporter-abc" in served.message
+    scaled = run(lab_09.scaled_up, broken)
+    assert scaled.fraction == 0 and "见 metric-served" in scaled.message and "1 个就绪副本" in scaled.message
+    # Read, but still wanting one replica (the load was stopped): the controller's own number is said.
+    assert "想要的副本数是 1" in run(lab_09.scaled_up, _run09(_hpa09(desired=1, value="30"), ready=1)).message
+    # Scaled by hand, not by the HPA: no SuccessfulRescale of the HPA's own.
+    assert run(lab_09.scaled_up, _run09(_hpa09(), rescale=None)).fraction == pytest.approx(2 / 3)
+    assert "没有 HPA" in run(lab_09.scaled_up, []).message
 
 
 # --------------------------------------------------------------------------- lab 08
