@@ -16,16 +16,25 @@ a CUDA program: it holds its devices (``nvidia-smi`` works) but uses no
 memory and gets no CUDA context.
 
 :class:`Ledger` keeps the running CUDA programs of one node and decides
-what the hardware would do when one starts:
+what the hardware would do when one starts. A program does not take its
+memory in one piece: like a PyTorch model loading its weights layer by layer
+and allocating its activations, it grows by :data:`STEP_MIB` at a time on
+each of its devices. On each device it may have
 
-- a program may use what its device isolates for it: a MIG instance, its
-  MPS share (the device plugin's pinned-memory limit) or the whole GPU;
-  asking for more fails that program alone with CUDA out of memory, and
-  its neighbours never notice;
-- time-sliced programs share the card's memory with nothing in between:
-  when together they ask for more than the card has, the one that asked
-  last fails and every other program on that card fails with it (the
-  chapter: 谁先用完谁先 OOM，另外三个一起挂).
+- what the device isolates for it: a MIG instance, its MPS share (the device
+  plugin's pinned-memory limit) or the whole GPU;
+- and no more than what the other programs on the same memory (the physical
+  card; the MIG instance under MIG) have left.
+
+A program that needs more grows until the next step does not fit on one of
+its devices, and fails there: ``Tried to allocate`` that step, with the
+free memory of the device at that moment (less than a step). When its own
+limit stopped it (an MPS share), its neighbours never notice. When the
+card itself is full, so is it for every program on it: time-sliced
+programs share the card's memory with nothing in between, and each of
+them fails on its next step too, reporting the same free memory (the
+chapter: 谁先用完谁先 OOM，另外三个一起挂). A program on a MIG instance
+fills only that instance.
 
 Pure logic; nothing here talks to a cluster.
 """
@@ -39,6 +48,7 @@ from typing import Any
 
 __all__ = [
     "MEMORY_ANNOTATION",
+    "STEP_MIB",
     "UTILIZATION_ANNOTATION",
     "DemandError",
     "Demand",
@@ -54,6 +64,14 @@ MEMORY_ANNOTATION = "gpulab.io/gpu-memory"
 UTILIZATION_ANNOTATION = "gpulab.io/gpu-utilization"
 
 Owner = tuple[str, str]  # (pod UID, container name)
+
+#: How a running CUDA program's memory grows: one allocation of this size at a
+#: time (a layer's weights, a batch's activations, a slab of KV cache).
+#: PyTorch's caching allocator goes to the driver whenever the tensors need
+#: more than it has cached; 1 GiB stands for such an allocation, the same for
+#: every program, so when one program fills a card, what is left is less than
+#: a step and nobody's next allocation fits.
+STEP_MIB = 1024
 
 _QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(Ki|Mi|Gi|Ti|k|M|G|T)?$")
 _FACTORS = {None: 1, "Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40,
@@ -172,27 +190,24 @@ class Ledger:
         """
         self.stop(owner)
         uses = tuple(uses)
-        for use in uses:
-            if demand.memory_mib > use.limit_mib:
-                # The device isolates this program: it alone runs out.
-                others = self.pool_used(use.pool) if use.limit_mib == use.pool_mib else 0
-                free = max(0, use.limit_mib - others)
-                return {owner: self._oom(demand.memory_mib, use, free)}
-        overflowing = [u for u in uses if self.pool_used(u.pool) + demand.memory_mib > u.pool_mib]
-        if not overflowing:
+        # What each device lets the program have: its own limit, and no more than the others left.
+        room = [max(0, min(u.limit_mib, u.pool_mib - self.pool_used(u.pool))) for u in uses]
+        if all(demand.memory_mib <= r for r in room):
             self._clients[owner] = _Client(uses, demand, process)
             return {}
-        first = overflowing[0]
-        kills = {owner: self._oom(demand.memory_mib, first, max(0, first.pool_mib - self.pool_used(first.pool)))}
-        pools = {u.pool for u in overflowing}
+        # It grows STEP_MIB at a time on all its devices, until the next step does not fit on one.
+        i = min(range(len(uses)), key=room.__getitem__)
+        held = room[i] // STEP_MIB * STEP_MIB
+        kills = {owner: self._oom(min(STEP_MIB, demand.memory_mib - held), uses[i], room[i] - held)}
+        # At that moment each card (or MIG instance) it is on has this much left; a neighbour whose
+        # next step does not fit there fails too, seeing the same free memory.
+        left = {u.pool: u.pool_mib - self.pool_used(u.pool) - held for u in uses}
         for other, client in list(self._clients.items()):
-            hit = next((u for u in client.uses if u.pool in pools), None)
+            hit = next((u for u in client.uses if u.pool in left and left[u.pool] < STEP_MIB), None)
             if hit is None:
                 continue
-            # A neighbour's next allocation (the following step's activations)
-            # finds the card full.
-            step = max(256, client.demand.memory_mib // 16)
-            kills[other] = self._oom(step, hit, 0)
+            own = hit.limit_mib - client.demand.memory_mib  # what its own limit leaves it (its MPS share)
+            kills[other] = self._oom(STEP_MIB, hit, min(left[hit.pool], own))
             del self._clients[other]
         return kills
 

@@ -85,14 +85,20 @@ def test_time_slicing_does_not_isolate_memory(kube, ns, kubectl, time_slicing):
         by_gpu.setdefault(device.split("::")[0], []).append(name)
     crowded = [group for group in by_gpu.values() if len(group) * 30 > H100_GIB]
     assert len(crowded) == 1, by_gpu  # five pods on two cards: one card gets three
+    last_words = set()
     for group in by_gpu.values():
         for name in group:
             if group in crowded:
                 pod = wait_phase(kube, ns, name, "Failed")
                 assert pod["status"]["containerStatuses"][0]["state"]["terminated"]["exitCode"] == 1
-                assert "CUDA out of memory." in kubectl("-n", ns, "logs", name).stdout
+                log = kubectl("-n", ns, "logs", name).stdout
+                assert "CUDA out of memory." in log
+                last_words.add(log.strip().splitlines()[-1])
             else:
                 assert wait_phase(kube, ns, name, "Running")
+    # The third grew 1 GiB at a time to 19 GiB beside the other two's 60: all three saw the same full card.
+    assert last_words == {"CUDA out of memory. Tried to allocate 1.00 GiB. GPU 0 has a total capacity of 79.65 GiB "
+                          "of which 663.00 MiB is free."}
     [survivors] = [group for group in by_gpu.values() if group not in crowded]
     # Each sees the whole card, and the memory its neighbour uses.
     out = kubectl("-n", ns, "exec", survivors[0], "--", "nvidia-smi", "--query-gpu=memory.used,memory.total",

@@ -202,6 +202,10 @@ def test_time_sliced_neighbours_run_out_of_memory_together(node, plugin) -> None
         by_gpu.setdefault(device.split("::")[0], []).append(p["metadata"]["name"])
     crowded = [names for names in by_gpu.values() if len(names) * 30 > 79.65]
     assert crowded, by_gpu
+    # The one that filled its card and its neighbours there all saw the same card: 663 MiB left.
+    assert {kills[name].lines[0] for names in crowded for name in names} == {
+        "CUDA out of memory. Tried to allocate 1.00 GiB. GPU 0 has a total capacity of 79.65 GiB of which 663.00 MiB "
+        "is free."}
     for names in by_gpu.values():
         for name in names:
             if names in crowded:
