@@ -266,14 +266,27 @@ def quantity_int(value: Any) -> int | None:
 #: Where one claim of a free-text answer ends: sentence and clause punctuation, Chinese or English.
 _CLAUSE_END = re.compile(r"[。；;！!？?\n，,：:、（）()]|\.(?:\s|$)")
 #: Where a sentence ends: what a clause is about ("MIG, by contrast, partitions memory") may be named
-#: in another clause of its sentence.
+#: in another clause of its sentence. A sentence ending in a question mark asks; it claims nothing.
 _SENTENCE_END = re.compile(r"[。；;！!？?\n]|\.(?:\s|$)")
-#: Words that deny what follows them ("不是因为资源不够", "not because ..."), and how far back they reach:
-#: a few characters in Chinese, a few words in English.
-_NEGATION = re.compile(r"不(?!仅|只|但)|没|未|无(?!论)|并非|而非|绝非", re.I)
-_NEGATION_EN = re.compile(r"\bnot\b|n't\b|\bno\b|\bnever\b|\bnor\b|rather than|instead of", re.I)
+_QUESTION_MARKS = ("？", "?")
+#: Words that deny what follows them ("不是因为资源不够", "not because ...", "nothing was evicted") or hold it
+#: up as a supposition or a belief said to be mistaken ("如果…", "误以为…", "if ...", "a misconception that
+#: ..."), and how far back they reach: a few characters in Chinese, a few words in English.
+_NEGATION = re.compile(r"不(?!仅|只|但)|没|未|无(?!论)|并非|而非|绝非|如果|假如|假设|要是|以为|误认为", re.I)
+_NEGATION_EN = re.compile(r"\bnot\b|n't\b|\bno\b|\bnever\b|\bnor\b|\bnothing\b|\bnobody\b|\bno one\b|"
+                          r"\bnone\b|\bneither\b|rather than|instead of|\bif\b|\bwhether\b|misconception|"
+                          r"\bmyth\b|mistaken|wrongly", re.I)
 _NEGATION_WINDOW = 12
 _NEGATION_WINDOW_EN = 32
+#: Where a negation's reach ends before the claim: a contrast or a consequence starts a claim of its own
+#: ("不是轮流用算力而是把显存平分", "doesn't isolate compute but memory is split").
+_SCOPE_END = re.compile(r"而是|但是|但|却|可是|不过|然而|所以|因此|因而|于是")
+_SCOPE_END_EN = re.compile(r"\b(?:but|while|whereas|although|though|however|yet|so|therefore|hence)\b", re.I)
+#: Words right after a claim that say it is wrong ("把显存平分给每个容器是错的", "... is a myth").
+_REFUTED = re.compile(r"^.{0,8}?(是错(的|误的)|就错了|是不对的|不正确|不成立|是误解|是一种误解|是个误解|说法不对)|"
+                      r"^.{0,12}?\b(is|are|was|were|that's|that is)\s+(wrong|false|incorrect|a myth|a misconception|"
+                      r"not true|not the case)\b|^.{0,12}?\b(isn't|aren't|wasn't) (true|the case)\b", re.I)
+_REFUTED_WINDOW = 24
 
 
 def clauses(text: str) -> list[str]:
@@ -281,14 +294,36 @@ def clauses(text: str) -> list[str]:
     return [c.strip() for c in _CLAUSE_END.split(text) if c.strip()]
 
 
+def _pieces(text: str, boundary: re.Pattern[str]) -> list[tuple[int, str, str]]:
+    """``text`` cut at ``boundary``: each non-empty piece with its offset in ``text`` and the boundary after it."""
+    found, start = [], 0
+    for cut in [*boundary.finditer(text), None]:
+        end = cut.start() if cut else len(text)
+        piece = text[start:end]
+        if piece.strip():
+            found.append((start + len(piece) - len(piece.lstrip()), piece.strip(), cut.group() if cut else ""))
+        start = cut.end() if cut else len(text)
+    return found
+
+
+def _negated_before(clause: str, start: int) -> bool:
+    """Whether a negation word stands shortly before ``start`` in ``clause``, with no contrast between."""
+    for negation, scope_end, window in ((_NEGATION, _SCOPE_END, _NEGATION_WINDOW),
+                                        (_NEGATION_EN, _SCOPE_END_EN, _NEGATION_WINDOW_EN)):
+        before = clause[max(0, start - window):start]
+        cut = max((end.end() for end in scope_end.finditer(before)), default=0)
+        if negation.search(before[cut:]):
+            return True
+    return False
+
+
 def _denied(clause: str, match: re.Match[str]) -> bool:
-    """Whether a negation word denies ``match``: shortly before it in its clause (不、没 … in the 12
-    characters before, not/never … in the 32), or inside it, between the noun and the verb a pattern joins
-    ("显存并没有切开", "the memory is not split"). A negation inside is a denial only where the pattern
-    does not need it: in "资源不够" the 不 is what is claimed (without it there is no match)."""
-    start = match.start()
-    if (_NEGATION.search(clause[max(0, start - _NEGATION_WINDOW):start])
-            or _NEGATION_EN.search(clause[max(0, start - _NEGATION_WINDOW_EN):start])):
+    """Whether a negation word denies ``match``: shortly before it in its clause (不、没、如果 … in the 12
+    characters before, not/never/if … in the 32, unless a contrast such as 而是 or "but" stands between),
+    or inside it, between the noun and the verb a pattern joins ("显存并没有切开", "the memory is not split").
+    A negation inside is a denial only where the pattern does not need it: in "资源不够" the 不 is what is
+    claimed (without it there is no match)."""
+    if _negated_before(clause, match.start()):
         return True
     inside = match.group()
     for negation in (_NEGATION, _NEGATION_EN):
@@ -301,17 +336,22 @@ def _denied(clause: str, match: re.Match[str]) -> bool:
 def asserted(text: str, pattern: re.Pattern[str], unless: re.Pattern[str] | None = None) -> str | None:
     """The first clause of ``text`` that says ``pattern`` without denying it, or None.
 
-    A match counts as denied when a negation word stands before it in its clause or inside it
-    (:func:`_denied`): "并没有把显存切开" and "显存并没有切开" do not claim that memory is split.
-    Sentences matching ``unless`` are skipped, all their clauses (a claim about MIG is not a claim about
-    time-slicing, also where MIG is named in another clause: "MIG, by contrast, partitions memory").
+    What a text claims, not which words it uses: a match is not a claim where a negation word stands before
+    it in its clause or inside it (:func:`_denied`: "并没有把显存切开", "显存并没有切开", "the memory is not
+    split", "nothing was evicted"), where it is supposed or called a mistaken belief ("如果…", "误以为…",
+    "if ..."), where the words right after it call it wrong ("…是错的", "... is a myth"), or where its
+    sentence is a question ("显存会被切开吗？"). Sentences matching ``unless`` are skipped, all their clauses
+    (a claim about MIG is not a claim about time-slicing, also where MIG is named in another clause:
+    "MIG, by contrast, partitions memory").
     """
-    for sentence in _SENTENCE_END.split(text):
-        if unless is not None and unless.search(sentence):
+    for _at, sentence, end in _pieces(text, _SENTENCE_END):
+        if end in _QUESTION_MARKS or (unless is not None and unless.search(sentence)):
             continue
-        for clause in clauses(sentence):
-            if any(not _denied(clause, match) for match in pattern.finditer(clause)):
-                return clause
+        for offset, clause, _end in _pieces(sentence, _CLAUSE_END):
+            for match in pattern.finditer(clause):
+                after = sentence[offset + match.end():offset + match.end() + _REFUTED_WINDOW]
+                if not _denied(clause, match) and not _REFUTED.search(after):
+                    return clause
     return None
 
 

@@ -171,9 +171,15 @@ WRONG_TAINT_CLAIMS = (
     WrongClaim(re.compile(r"(GPU ?节点|gpu node).{0,12}(标签|label).{0,8}(不匹配|对不上|不符|不一致|缺|mismatch)", re.I),
                "：把原因说成了 GPU 节点的标签对不上——对照节点上的标签和 Pod 的 nodeSelector 再看一遍"),
     WrongClaim(re.compile(r"驱逐|evict", re.I),
-               "：说 Pod 被驱逐了——它从来没有在 GPU 节点上运行过，驱逐的是已经在运行的 Pod"),
-    WrongClaim(re.compile(r"(没有|没|不)(申请|请求|要).{0,6}(GPU|卡|nvidia\.com/gpu)|"
-                          r"(doesn't|does not|didn't|did not) (request|ask for).{0,10}gpu", re.I),
+               "：说 Pod 被驱逐了——它从来没有在 GPU 节点上运行过，驱逐的是已经在运行的 Pod",
+               # what NoExecute would do is a contrast, not a claim about web-plain
+               unless=re.compile(r"NoExecute", re.I)),
+    # web-plain really requests no GPU: saying so is a fact; the wrong claim is that this keeps it off the node
+    WrongClaim(re.compile(r"(因为|由于|既然)[^，,]{0,12}?(没有|没|不)(申请|请求|要|需要).{0,6}(GPU|卡|nvidia\.com/gpu)|"
+                          r"(没有|没|不)(申请|请求|要|需要).{0,6}(GPU|卡|nvidia\.com/gpu).{0,12}?"
+                          r"(所以|因此|才|就|便|不能|不会|不允许|不让|上不去|进不去)|"
+                          r"\b(because|since)\b.{0,24}(doesn't|does not|didn't|did not|don't|do not) "
+                          r"(request|ask for|need).{0,10}gpu", re.I),
                "：说因为没申请 GPU 所以上不去——Kubernetes 不会因为 Pod 没申请 GPU 就拦着它上 GPU 节点"),
 )
 

@@ -339,11 +339,11 @@ _WRONG = (
     # time-slicing splitting the memory is the very thing it does not do (a clause about MIG is another matter)
     WrongClaim(re.compile(r"(显存|memory|VRAM).{0,12}(平分|均分|切分|切开|分成|分割|划分|等分|按份|隔离开|partition|split|"
                           r"divided|isolated)|(平分|均分|切分|分割|划分|等分|partition|split|divide)s?.{0,8}(显存|memory|VRAM)|"
-                          r"(1/4|四分之一|1/N|一份|自己那份|自己的那份)的?(显存|memory)", re.I),
+                          r"(1/4|四分之一|1/N|一份|自己那份|自己的那份)\s*的?\s*(显存|memory)", re.I),
                "：说 time-slicing 把显存分开了——你从容器里用 nvidia-smi 看到的已用显存是多少？", unless=_MIG),
     # under time-slicing an OOM does take the neighbours down (the lab shows it)
     WrongClaim(re.compile(r"(不影响|不会影响|影响不到|不波及|不会波及|互不影响|不会连累|doesn't affect|won't affect|"
-                          r"does not affect|will not affect)(到)?(别人|邻居|其他|其它|别的|others?|the others|neighbo)",
+                          r"does not affect|will not affect)(到)?\s*(the\s+)?(别人|邻居|其他|其它|别的|others?|neighbo)",
                           re.I),
                "：说一个容器 OOM 不会波及别人——同一张卡上的其它笔记本当时怎样了？", unless=_MIG),
     # Kubernetes limits do not reach GPU memory: the device plugin hands out devices, not MiB

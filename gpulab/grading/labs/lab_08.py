@@ -292,8 +292,9 @@ _WRONG = {
                               r"(镜像|运行时|runtime|image)(里)?(的)?(CUDA)?(版本)?比.{0,12}(旧|老|低)", re.I),
                    "：对照 nvidia-smi 表头的 CUDA Version（驱动支持到哪个版本）和镜像标签里的 CUDA 版本，"
                    "再看看谁比谁新"),
-        WrongClaim(re.compile(r"(换|升级|更新|改|用)(成|到|为)?.{0,6}(更新|最新|新版|更高|latest|newer).{0,8}"
-                              r"(CUDA|镜像|image|运行时|runtime)", re.I),
+        # a newer driver (the right remedy) is not a newer image: the words between may not name the driver
+        WrongClaim(re.compile(r"(换|升级|更新|改|用)(成|到|为)?(?:(?!驱动|driver).){0,6}(更新|最新|新版|更高|latest|newer)"
+                              r"(?:(?!驱动|driver).){0,8}(CUDA|镜像|image|运行时|runtime)", re.I),
                    "：开出的办法是换更新的 CUDA 镜像——对照节点驱动支持的 CUDA 版本和镜像标签里的版本，想想该往哪个方向换",
                    kind="remedy"),
         WrongClaim(re.compile(r"(降级|降低|回退|downgrade).{0,6}(驱动|driver)|(驱动|driver).{0,6}(降级|回退|downgrade)",
@@ -309,7 +310,7 @@ _WRONG = {
         WrongClaim(_UNHEALTHY, "：把原因说成了卡坏了——调度器的消息里 GPU 节点是因为什么被排除的？",
                    unless=_OTHER_NODES),
         WrongClaim(re.compile(r"驱逐|evict", re.I),
-                   "：说 Pod 被驱逐了——dev-notebook 从来没有在 GPU 节点上运行过"),
+                   "：说 Pod 被驱逐了——dev-notebook 从来没有在 GPU 节点上运行过", unless=re.compile(r"NoExecute", re.I)),
         WrongClaim(re.compile(r"(驱动|driver|CUDA ?版本).{0,8}(太旧|太新|过旧|过低|不匹配|不兼容|不够|mismatch|"
                               r"incompatible|too old|insufficient)", re.I),
                    "：把驱动或 CUDA 版本扯了进来——dev-notebook 还没被调度，容器根本没有启动"),
