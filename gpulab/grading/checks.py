@@ -36,8 +36,13 @@ judge the end state as it is, and their messages name the cause they saw.
 Each check's docstring says which kind it is where that matters.
 
 Free-text explanations are scored on what they claim (:func:`judge_explanation`):
-each concept of the right mechanism earns its share, and each known-wrong
-mechanism or remedy the text asserts (not denies) takes shares back.
+each concept of the right mechanism earns its share. Where the text seems to
+assert a known-wrong mechanism or remedy, reading prose by pattern may be
+wrong, so the result is marked for the instructor's review (as nbgrader marks
+manually graded answers): :attr:`CheckResult.review` quotes the clauses, the
+shares the claim would take back are withheld until the instructor decides
+(:attr:`CheckResult.withheld`), and the learner's message quotes the clause and
+asks what it means — it never says the learner claimed it.
 """
 
 from __future__ import annotations
@@ -73,10 +78,19 @@ class CheckLoadError(Exception):
 
 @dataclass(frozen=True)
 class CheckResult:
-    """What a check returns: the fraction of its points earned and a learner-facing message."""
+    """What a check returns: the fraction of its points earned and a learner-facing message.
+
+    ``review``: what the instructor should read before the score stands — the clauses of a learner's
+    answer a check could not judge for sure (:func:`judge_explanation` quotes those that seem to assert a
+    wrong claim); empty when the result is final. ``withheld``: the fraction of the points withheld until
+    the instructor has looked: if the learner did not mean what the check read, it is theirs, on top of
+    ``fraction``. A result marked for review must say so to the learner (``message``).
+    """
 
     fraction: float
     message: str = ""
+    review: tuple[str, ...] = ()
+    withheld: float = 0.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.fraction, (int, float)) or isinstance(self.fraction, bool) \
@@ -84,6 +98,16 @@ class CheckResult:
             raise ValueError(f"CheckResult.fraction must be within [0, 1], got {self.fraction!r}")
         if self.fraction < 1.0 and not self.message.strip():
             raise ValueError("a check that withholds points must say why (message is empty)")
+        object.__setattr__(self, "review", tuple(self.review))
+        if not all(isinstance(item, str) and item.strip() for item in self.review):
+            raise ValueError(f"CheckResult.review must hold non-empty strings, got {self.review!r}")
+        if not isinstance(self.withheld, (int, float)) or isinstance(self.withheld, bool) \
+                or not math.isfinite(self.withheld) or not 0.0 <= self.withheld <= 1.0 - self.fraction + 1e-9:
+            raise ValueError(f"CheckResult.withheld must be within [0, 1 - fraction], got {self.withheld!r}")
+        if self.withheld > 0 and not self.review:
+            raise ValueError("points withheld for review need something to review (review is empty)")
+        if self.review and not self.message.strip():
+            raise ValueError("a result marked for review must tell the learner (message is empty)")
 
     @property
     def passed(self) -> bool:
@@ -357,20 +381,37 @@ def asserted(text: str, pattern: re.Pattern[str], unless: re.Pattern[str] | None
 
 @dataclass(frozen=True)
 class WrongClaim:
-    """A known-wrong mechanism or remedy an explanation may assert, and what to tell the learner about it.
+    """A known-wrong mechanism or remedy an explanation may assert, and what to ask the learner about it.
 
-    ``kind`` sets what asserting it costs: a wrong ``"mechanism"`` takes back two shares (it stands in
-    for a part of the right mechanism, and it is false), a wrong ``"remedy"`` one.
+    A clause matching ``pattern`` is quoted back to the learner with a question, never an assertion
+    (:func:`judge_explanation`): ``reading`` is what the check reads the clause as saying, worded to complete
+    「是说……吗？」 ("time-slicing 把显存分开了"); ``hint`` is where to look if that is what the learner
+    meant, a sentence or question of its own ending in 。 or ？ ("你从容器里用 nvidia-smi 看到的已用显存是多少？"),
+    saying what to look at, never the answer. ``kind`` sets what asserting it would cost: a wrong
+    ``"mechanism"`` two shares (it stands in for a part of the right mechanism, and it is false), a wrong
+    ``"remedy"`` one.
     """
 
     pattern: re.Pattern[str]
-    message: str
+    reading: str
+    hint: str
     unless: re.Pattern[str] | None = None
     kind: str = "mechanism"
 
     def __post_init__(self) -> None:
         if self.kind not in WRONG_CLAIM_COST:
             raise ValueError(f"WrongClaim.kind must be one of {sorted(WRONG_CLAIM_COST)}, got {self.kind!r}")
+        if not self.reading.strip() or self.reading.strip()[-1] in "。？！，；：?!.,;:":
+            raise ValueError(f"WrongClaim.reading completes 「是说……吗？」: no closing punctuation, got {self.reading!r}")
+        if not self.hint.strip().endswith(("。", "？")):
+            raise ValueError(f"WrongClaim.hint is a sentence of its own, ending in 。 or ？, got {self.hint!r}")
+
+    def question(self, subject: str, clause: str) -> str:
+        """What the learner is asked about ``clause`` of their ``subject``: what it says, never what they meant."""
+        reading = self.reading.strip()
+        before, after = (" " if reading[0].isascii() else ""), (" " if reading[-1].isascii() else "")
+        return (f"{subject}里写的「{clause}」——是说{before}{reading}{after}吗？如果是这个意思，{self.hint.strip()}"
+                f"如果不是，这一条会交给老师复核。")
 
 
 #: Shares of an explanation's credit an asserted wrong claim takes back, by kind.
@@ -383,23 +424,34 @@ def judge_explanation(text: Any, concepts: Sequence[tuple[re.Pattern[str], str]]
     """Score a free-text explanation on what it claims.
 
     ``concepts`` are the right mechanism's parts, each ``(pattern, message when missing)``;
-    each one found earns ``1 / len(concepts)``. Each ``wrong`` claim the text asserts
-    (:func:`asserted`: said, not denied) takes shares back (:data:`WRONG_CLAIM_COST`: two for a
-    wrong mechanism, one for a wrong remedy), never below zero, and the message quotes the
-    clause that asserts it (``「subject」里写的「…」``), so the feedback says what the check read.
+    each one found earns ``1 / len(concepts)``. A clause that seems to assert a ``wrong`` claim
+    (:func:`asserted`: said, not denied) is not taken at its word, since reading prose by pattern can
+    be wrong: the result is marked for the instructor's review (``review`` quotes the clause) and the
+    learner is asked what the clause means (:meth:`WrongClaim.question`), never told that they claimed it.
+
+    Points of a result marked for review: the concept credit found stays; the shares the claims would
+    take back (:data:`WRONG_CLAIM_COST`: two for a wrong mechanism, one for a wrong remedy, never below
+    zero) are withheld provisionally (``withheld``), so ``fraction`` is what stands if the instructor
+    finds the claims made, and ``fraction + withheld`` what the learner gets if not.
     """
     if not isinstance(text, str) or len(text.strip()) < min_chars:
         return failed(too_short or f"{name} 应该是你自己写的一两句话（至少十几个字）。")
-    hits = [pattern.search(text) is not None for pattern, _ in concepts]
-    problems = [msg for hit, (_, msg) in zip(hits, concepts) if not hit]
-    said, cost = [], 0
+    found = [pattern.search(text) is not None for pattern, _ in concepts]
+    missing = [msg for hit, (_, msg) in zip(found, concepts) if not hit]
+    hits = sum(found)
+    said: list[str] = []
+    questions, cost = [], 0
     for claim in wrong:
         clause = asserted(text, claim.pattern, claim.unless)
         if clause is not None and clause not in said:
             said.append(clause)
             cost += WRONG_CLAIM_COST[claim.kind]
-            problems.append(f"{subject}里写的「{clause}」{claim.message}")
-    return ratio(max(0, sum(hits) - cost), len(concepts), problems)
+            questions.append(claim.question(subject, clause))
+    if not said:
+        return ratio(hits, len(concepts), missing)
+    earned = max(0, hits - cost)
+    message = "；".join(missing) + ("。" if missing else "") + "".join(questions)
+    return CheckResult(earned / len(concepts), message, review=tuple(said), withheld=(hits - earned) / len(concepts))
 
 
 def scheduling_messages(ctx: "Context", pod: str) -> list[str]:
@@ -465,7 +517,11 @@ def check(id: str, points: float = 1, *, title: str = "", hidden: bool = False
 
 @dataclass(frozen=True)
 class CheckOutcome:
-    """One check's result as reported: ``message`` is learner-facing; ``detail`` and ``error`` are not."""
+    """One check's result as reported: ``message`` is learner-facing; ``detail``, ``error`` and ``review`` are not.
+
+    ``review`` (the clauses the instructor should read, :attr:`CheckResult.review`) marks an outcome that
+    awaits the instructor's review; ``withheld`` is the points withheld until then, not part of ``earned``.
+    """
 
     check_id: str
     label: str
@@ -476,6 +532,8 @@ class CheckOutcome:
     hidden: bool = False
     detail: str = ""
     error: str | None = None
+    review: tuple[str, ...] = ()
+    withheld: float = 0.0
 
 
 def _round(x: float) -> float:
@@ -504,7 +562,8 @@ def run_check(chk: Check, ctx: Context, label: str | None = None) -> CheckOutcom
     else:
         message = result.message
     return CheckOutcome(chk.id, label, chk.points, earned, result.passed, message, chk.hidden,
-                        detail=result.message, error=error)
+                        detail=result.message, error=error, review=result.review,
+                        withheld=_round(chk.points * result.withheld))
 
 
 @dataclass(frozen=True)

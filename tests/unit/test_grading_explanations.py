@@ -4,7 +4,9 @@ Each lab that scores a free-text explanation (:func:`gpulab.grading.checks.judge
 and 08) is given right explanations written in several ways — a wrong mechanism denied (with the negation
 before the claim or between its noun and verb), in English only, in Chinese and English mixed, with MIG or
 NoExecute contrasted in another clause, the wrong belief named as one — and each must keep full credit with
-nothing asked about it. Wrong explanations in the same languages must still be caught.
+nothing asked about it and nothing marked for review. Wrong explanations in the same languages must still be
+caught: marked for the instructor's review with the clause quoted, and the learner asked what the clause
+means, never told what they claimed.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import re
 
 import pytest
 
-from gpulab.grading.checks import Context, asserted
+from gpulab.grading.checks import CheckResult, Context, asserted
 from gpulab.grading.labs import lab_03, lab_04, lab_08
 
 
@@ -27,6 +29,15 @@ def _lab04(text):
 
 def _lab08(pod, text):
     return lab_08._explain(Context({"explanations": {pod: text}}), pod)
+
+
+def _asked_for_review(judged: CheckResult, quoted: str, subject: str = "解释") -> None:
+    """``judged`` is marked for review with ``quoted``, and its message asks about it, never asserts it."""
+    assert not judged.passed and quoted in judged.review
+    assert f"{subject}里写的「{quoted}」——是说" in judged.message
+    question = judged.message[judged.message.index(f"「{quoted}」"):]
+    assert "吗？如果是这个意思，" in question and "如果不是，这一条会交给老师复核。" in question
+    assert "把原因说成了" not in judged.message and "：说" not in judged.message  # the old assertions
 
 
 # --------------------------------------------------------------------------- how a claim is read
@@ -78,7 +89,7 @@ LAB03_RIGHT = [
 def test_lab03_right_explanations_keep_full_credit(text):
     judged = _lab03(text)
     assert judged.passed, judged.message
-    assert "「" not in judged.message
+    assert judged.review == () and judged.withheld == 0 and "「" not in judged.message
 
 
 @pytest.mark.parametrize("text, quoted", [
@@ -90,9 +101,8 @@ def test_lab03_right_explanations_keep_full_credit(text):
      "The pod was evicted from the GPU node because it has no toleration for the taint"),
     ("不是污点的问题而是 GPU 不够。", "不是污点的问题而是 GPU 不够"),
 ])
-def test_lab03_wrong_mechanisms_are_still_caught(text, quoted):
-    judged = _lab03(text)
-    assert not judged.passed and f"「{quoted}」" in judged.message
+def test_lab03_wrong_mechanisms_are_asked_about_and_marked_for_review(text, quoted):
+    _asked_for_review(_lab03(text), quoted)
 
 
 # --------------------------------------------------------------------------- lab 04: why time-slicing does not isolate memory
@@ -135,7 +145,7 @@ LAB04_RIGHT = [
 def test_lab04_right_explanations_keep_full_credit(text):
     judged = _lab04(text)
     assert judged.passed, judged.message
-    assert "「" not in judged.message
+    assert judged.review == () and judged.withheld == 0 and "「" not in judged.message
 
 
 @pytest.mark.parametrize("text, quoted", [
@@ -146,9 +156,8 @@ def test_lab04_right_explanations_keep_full_credit(text):
      "With it one container's OOM won't affect the others"),
     ("time-slicing 轮流用算力，让每个容器只能用 1/4 的显存。", "让每个容器只能用 1/4 的显存"),
 ])
-def test_lab04_wrong_mechanisms_are_still_caught(text, quoted):
-    judged = _lab04(text)
-    assert not judged.passed and f"「{quoted}」" in judged.message
+def test_lab04_wrong_mechanisms_are_asked_about_and_marked_for_review(text, quoted):
+    _asked_for_review(_lab04(text), quoted)
 
 
 # --------------------------------------------------------------------------- lab 08: three Pods, three causes
@@ -184,7 +193,7 @@ LAB08_RIGHT = {
 def test_lab08_right_explanations_keep_full_credit(pod, text):
     judged = _lab08(pod, text)
     assert judged.passed, judged.message
-    assert "「" not in judged.message
+    assert judged.review == () and judged.withheld == 0 and "「" not in judged.message
 
 
 @pytest.mark.parametrize("pod, text, quoted", [
@@ -194,6 +203,5 @@ def test_lab08_right_explanations_keep_full_credit(pod, text):
     ("infer", "驱动和镜像里的 CUDA 运行时版本不兼容，把镜像换成最新的 CUDA 就行。", "把镜像换成最新的 CUDA 就行"),
     ("dev-notebook", "调度器发现 GPU 节点上卡不够，所以 dev-notebook 只能等。", "调度器发现 GPU 节点上卡不够"),
 ])
-def test_lab08_wrong_claims_are_still_caught(pod, text, quoted):
-    judged = _lab08(pod, text)
-    assert not judged.passed and f"「{quoted}」" in judged.message
+def test_lab08_wrong_claims_are_asked_about_and_marked_for_review(pod, text, quoted):
+    _asked_for_review(_lab08(pod, text), quoted, f"{pod} 的解释")
