@@ -296,7 +296,7 @@ _QUESTION_MARKS = ("？", "?")
 #: Words that deny what follows them ("不是因为资源不够", "not because ...", "nothing was evicted") or hold it
 #: up as a supposition or a belief said to be mistaken ("如果…", "误以为…", "if ...", "a misconception that
 #: ..."), and how far back they reach: a few characters in Chinese, a few words in English.
-_NEGATION = re.compile(r"不(?!仅|只|但)|没|未|无(?!论)|并非|而非|绝非|如果|假如|假设|要是|以为|误认为", re.I)
+_NEGATION = re.compile(r"不(?!仅|只|但)|没(?!错)|未|无(?!论)|并非|而非|绝非|如果|假如|假设|(?<!可)以为|误认为", re.I)
 _NEGATION_EN = re.compile(r"\bnot\b|n't\b|\bno\b|\bnever\b|\bnor\b|\bnothing\b|\bnobody\b|\bno one\b|"
                           r"\bnone\b|\bneither\b|rather than|instead of|\bif\b|\bwhether\b|misconception|"
                           r"\bmyth\b|mistaken|wrongly", re.I)

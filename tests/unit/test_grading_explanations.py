@@ -55,6 +55,8 @@ def _asked_for_review(judged: CheckResult, quoted: str, subject: str = "解释")
     ("说显存被平分是错的。", None),
     ("That the memory is split is a myth.", None),
     ("The memory is split evenly", "The memory is split evenly"),  # no full stop at the end: still a claim
+    ("它可以为每个容器把显存平分。", "它可以为每个容器把显存平分"),  # 可以为 is "can ... for", not 以为
+    ("主要是显存被平分了。", "主要是显存被平分了"),
 ])
 def test_a_claim_is_what_the_text_says(text, claimed):
     pattern = re.compile(r"显存.{0,6}平分|memory.{0,6}split|split.{0,6}memory", re.I)
