@@ -36,8 +36,13 @@ judge the end state as it is, and their messages name the cause they saw.
 Each check's docstring says which kind it is where that matters.
 
 Free-text explanations are scored on what they claim (:func:`judge_explanation`):
-each concept of the right mechanism earns its share, and each known-wrong
-mechanism or remedy the text asserts (not denies) takes shares back.
+each concept of the right mechanism earns its share. Where the text seems to
+assert a known-wrong mechanism or remedy, reading prose by pattern may be
+wrong, so the result is marked for the instructor's review (as nbgrader marks
+manually graded answers): :attr:`CheckResult.review` quotes the clauses, the
+shares the claim would take back are withheld until the instructor decides
+(:attr:`CheckResult.withheld`), and the learner's message quotes the clause and
+asks what it means — it never says the learner claimed it.
 """
 
 from __future__ import annotations
@@ -73,10 +78,19 @@ class CheckLoadError(Exception):
 
 @dataclass(frozen=True)
 class CheckResult:
-    """What a check returns: the fraction of its points earned and a learner-facing message."""
+    """What a check returns: the fraction of its points earned and a learner-facing message.
+
+    ``review``: what the instructor should read before the score stands — the clauses of a learner's
+    answer a check could not judge for sure (:func:`judge_explanation` quotes those that seem to assert a
+    wrong claim); empty when the result is final. ``withheld``: the fraction of the points withheld until
+    the instructor has looked: if the learner did not mean what the check read, it is theirs, on top of
+    ``fraction``. A result marked for review must say so to the learner (``message``).
+    """
 
     fraction: float
     message: str = ""
+    review: tuple[str, ...] = ()
+    withheld: float = 0.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.fraction, (int, float)) or isinstance(self.fraction, bool) \
@@ -84,6 +98,16 @@ class CheckResult:
             raise ValueError(f"CheckResult.fraction must be within [0, 1], got {self.fraction!r}")
         if self.fraction < 1.0 and not self.message.strip():
             raise ValueError("a check that withholds points must say why (message is empty)")
+        object.__setattr__(self, "review", tuple(self.review))
+        if not all(isinstance(item, str) and item.strip() for item in self.review):
+            raise ValueError(f"CheckResult.review must hold non-empty strings, got {self.review!r}")
+        if not isinstance(self.withheld, (int, float)) or isinstance(self.withheld, bool) \
+                or not math.isfinite(self.withheld) or not 0.0 <= self.withheld <= 1.0 - self.fraction + 1e-9:
+            raise ValueError(f"CheckResult.withheld must be within [0, 1 - fraction], got {self.withheld!r}")
+        if self.withheld > 0 and not self.review:
+            raise ValueError("points withheld for review need something to review (review is empty)")
+        if self.review and not self.message.strip():
+            raise ValueError("a result marked for review must tell the learner (message is empty)")
 
     @property
     def passed(self) -> bool:
@@ -266,14 +290,27 @@ def quantity_int(value: Any) -> int | None:
 #: Where one claim of a free-text answer ends: sentence and clause punctuation, Chinese or English.
 _CLAUSE_END = re.compile(r"[。；;！!？?\n，,：:、（）()]|\.(?:\s|$)")
 #: Where a sentence ends: what a clause is about ("MIG, by contrast, partitions memory") may be named
-#: in another clause of its sentence.
+#: in another clause of its sentence. A sentence ending in a question mark asks; it claims nothing.
 _SENTENCE_END = re.compile(r"[。；;！!？?\n]|\.(?:\s|$)")
-#: Words that deny what follows them ("不是因为资源不够", "not because ..."), and how far back they reach:
-#: a few characters in Chinese, a few words in English.
-_NEGATION = re.compile(r"不(?!仅|只|但)|没|未|无(?!论)|并非|而非|绝非", re.I)
-_NEGATION_EN = re.compile(r"\bnot\b|n't\b|\bno\b|\bnever\b|\bnor\b|rather than|instead of", re.I)
+_QUESTION_MARKS = ("？", "?")
+#: Words that deny what follows them ("不是因为资源不够", "not because ...", "nothing was evicted") or hold it
+#: up as a supposition or a belief said to be mistaken ("如果…", "误以为…", "if ...", "a misconception that
+#: ..."), and how far back they reach: a few characters in Chinese, a few words in English.
+_NEGATION = re.compile(r"不(?!仅|只|但)|没(?!错)|未|无(?!论)|并非|而非|绝非|如果|假如|假设|(?<!可)以为|误认为", re.I)
+_NEGATION_EN = re.compile(r"\bnot\b|n't\b|\bno\b|\bnever\b|\bnor\b|\bnothing\b|\bnobody\b|\bno one\b|"
+                          r"\bnone\b|\bneither\b|rather than|instead of|\bif\b|\bwhether\b|misconception|"
+                          r"\bmyth\b|mistaken|wrongly", re.I)
 _NEGATION_WINDOW = 12
 _NEGATION_WINDOW_EN = 32
+#: Where a negation's reach ends before the claim: a contrast or a consequence starts a claim of its own
+#: ("不是轮流用算力而是把显存平分", "doesn't isolate compute but memory is split").
+_SCOPE_END = re.compile(r"而是|但是|但|却|可是|不过|然而|所以|因此|因而|于是")
+_SCOPE_END_EN = re.compile(r"\b(?:but|while|whereas|although|though|however|yet|so|therefore|hence)\b", re.I)
+#: Words right after a claim that say it is wrong ("把显存平分给每个容器是错的", "... is a myth").
+_REFUTED = re.compile(r"^.{0,8}?(是错(的|误的)|就错了|是不对的|不正确|不成立|是误解|是一种误解|是个误解|说法不对)|"
+                      r"^.{0,12}?\b(is|are|was|were|that's|that is)\s+(wrong|false|incorrect|a myth|a misconception|"
+                      r"not true|not the case)\b|^.{0,12}?\b(isn't|aren't|wasn't) (true|the case)\b", re.I)
+_REFUTED_WINDOW = 24
 
 
 def clauses(text: str) -> list[str]:
@@ -281,14 +318,36 @@ def clauses(text: str) -> list[str]:
     return [c.strip() for c in _CLAUSE_END.split(text) if c.strip()]
 
 
+def _pieces(text: str, boundary: re.Pattern[str]) -> list[tuple[int, str, str]]:
+    """``text`` cut at ``boundary``: each non-empty piece with its offset in ``text`` and the boundary after it."""
+    found, start = [], 0
+    for cut in [*boundary.finditer(text), None]:
+        end = cut.start() if cut else len(text)
+        piece = text[start:end]
+        if piece.strip():
+            found.append((start + len(piece) - len(piece.lstrip()), piece.strip(), cut.group() if cut else ""))
+        start = cut.end() if cut else len(text)
+    return found
+
+
+def _negated_before(clause: str, start: int) -> bool:
+    """Whether a negation word stands shortly before ``start`` in ``clause``, with no contrast between."""
+    for negation, scope_end, window in ((_NEGATION, _SCOPE_END, _NEGATION_WINDOW),
+                                        (_NEGATION_EN, _SCOPE_END_EN, _NEGATION_WINDOW_EN)):
+        before = clause[max(0, start - window):start]
+        cut = max((end.end() for end in scope_end.finditer(before)), default=0)
+        if negation.search(before[cut:]):
+            return True
+    return False
+
+
 def _denied(clause: str, match: re.Match[str]) -> bool:
-    """Whether a negation word denies ``match``: shortly before it in its clause (不、没 … in the 12
-    characters before, not/never … in the 32), or inside it, between the noun and the verb a pattern joins
-    ("显存并没有切开", "the memory is not split"). A negation inside is a denial only where the pattern
-    does not need it: in "资源不够" the 不 is what is claimed (without it there is no match)."""
-    start = match.start()
-    if (_NEGATION.search(clause[max(0, start - _NEGATION_WINDOW):start])
-            or _NEGATION_EN.search(clause[max(0, start - _NEGATION_WINDOW_EN):start])):
+    """Whether a negation word denies ``match``: shortly before it in its clause (不、没、如果 … in the 12
+    characters before, not/never/if … in the 32, unless a contrast such as 而是 or "but" stands between),
+    or inside it, between the noun and the verb a pattern joins ("显存并没有切开", "the memory is not split").
+    A negation inside is a denial only where the pattern does not need it: in "资源不够" the 不 is what is
+    claimed (without it there is no match)."""
+    if _negated_before(clause, match.start()):
         return True
     inside = match.group()
     for negation in (_NEGATION, _NEGATION_EN):
@@ -301,36 +360,58 @@ def _denied(clause: str, match: re.Match[str]) -> bool:
 def asserted(text: str, pattern: re.Pattern[str], unless: re.Pattern[str] | None = None) -> str | None:
     """The first clause of ``text`` that says ``pattern`` without denying it, or None.
 
-    A match counts as denied when a negation word stands before it in its clause or inside it
-    (:func:`_denied`): "并没有把显存切开" and "显存并没有切开" do not claim that memory is split.
-    Sentences matching ``unless`` are skipped, all their clauses (a claim about MIG is not a claim about
-    time-slicing, also where MIG is named in another clause: "MIG, by contrast, partitions memory").
+    What a text claims, not which words it uses: a match is not a claim where a negation word stands before
+    it in its clause or inside it (:func:`_denied`: "并没有把显存切开", "显存并没有切开", "the memory is not
+    split", "nothing was evicted"), where it is supposed or called a mistaken belief ("如果…", "误以为…",
+    "if ..."), where the words right after it call it wrong ("…是错的", "... is a myth"), or where its
+    sentence is a question ("显存会被切开吗？"). Sentences matching ``unless`` are skipped, all their clauses
+    (a claim about MIG is not a claim about time-slicing, also where MIG is named in another clause:
+    "MIG, by contrast, partitions memory").
     """
-    for sentence in _SENTENCE_END.split(text):
-        if unless is not None and unless.search(sentence):
+    for _at, sentence, end in _pieces(text, _SENTENCE_END):
+        if end in _QUESTION_MARKS or (unless is not None and unless.search(sentence)):
             continue
-        for clause in clauses(sentence):
-            if any(not _denied(clause, match) for match in pattern.finditer(clause)):
-                return clause
+        for offset, clause, _end in _pieces(sentence, _CLAUSE_END):
+            for match in pattern.finditer(clause):
+                after = sentence[offset + match.end():offset + match.end() + _REFUTED_WINDOW]
+                if not _denied(clause, match) and not _REFUTED.search(after):
+                    return clause
     return None
 
 
 @dataclass(frozen=True)
 class WrongClaim:
-    """A known-wrong mechanism or remedy an explanation may assert, and what to tell the learner about it.
+    """A known-wrong mechanism or remedy an explanation may assert, and what to ask the learner about it.
 
-    ``kind`` sets what asserting it costs: a wrong ``"mechanism"`` takes back two shares (it stands in
-    for a part of the right mechanism, and it is false), a wrong ``"remedy"`` one.
+    A clause matching ``pattern`` is quoted back to the learner with a question, never an assertion
+    (:func:`judge_explanation`): ``reading`` is what the check reads the clause as saying, worded to complete
+    「是说……吗？」 ("time-slicing 把显存分开了"); ``hint`` is where to look if that is what the learner
+    meant, a sentence or question of its own ending in 。 or ？ ("你从容器里用 nvidia-smi 看到的已用显存是多少？"),
+    saying what to look at, never the answer. ``kind`` sets what asserting it would cost: a wrong
+    ``"mechanism"`` two shares (it stands in for a part of the right mechanism, and it is false), a wrong
+    ``"remedy"`` one.
     """
 
     pattern: re.Pattern[str]
-    message: str
+    reading: str
+    hint: str
     unless: re.Pattern[str] | None = None
     kind: str = "mechanism"
 
     def __post_init__(self) -> None:
         if self.kind not in WRONG_CLAIM_COST:
             raise ValueError(f"WrongClaim.kind must be one of {sorted(WRONG_CLAIM_COST)}, got {self.kind!r}")
+        if not self.reading.strip() or self.reading.strip()[-1] in "。？！，；：?!.,;:":
+            raise ValueError(f"WrongClaim.reading completes 「是说……吗？」: no closing punctuation, got {self.reading!r}")
+        if not self.hint.strip().endswith(("。", "？")):
+            raise ValueError(f"WrongClaim.hint is a sentence of its own, ending in 。 or ？, got {self.hint!r}")
+
+    def question(self, subject: str, clause: str) -> str:
+        """What the learner is asked about ``clause`` of their ``subject``: what it says, never what they meant."""
+        reading = self.reading.strip()
+        before, after = (" " if reading[0].isascii() else ""), (" " if reading[-1].isascii() else "")
+        return (f"{subject}里写的「{clause}」——是说{before}{reading}{after}吗？如果是这个意思，{self.hint.strip()}"
+                f"如果不是，这一条会交给老师复核。")
 
 
 #: Shares of an explanation's credit an asserted wrong claim takes back, by kind.
@@ -343,23 +424,34 @@ def judge_explanation(text: Any, concepts: Sequence[tuple[re.Pattern[str], str]]
     """Score a free-text explanation on what it claims.
 
     ``concepts`` are the right mechanism's parts, each ``(pattern, message when missing)``;
-    each one found earns ``1 / len(concepts)``. Each ``wrong`` claim the text asserts
-    (:func:`asserted`: said, not denied) takes shares back (:data:`WRONG_CLAIM_COST`: two for a
-    wrong mechanism, one for a wrong remedy), never below zero, and the message quotes the
-    clause that asserts it (``「subject」里写的「…」``), so the feedback says what the check read.
+    each one found earns ``1 / len(concepts)``. A clause that seems to assert a ``wrong`` claim
+    (:func:`asserted`: said, not denied) is not taken at its word, since reading prose by pattern can
+    be wrong: the result is marked for the instructor's review (``review`` quotes the clause) and the
+    learner is asked what the clause means (:meth:`WrongClaim.question`), never told that they claimed it.
+
+    Points of a result marked for review: the concept credit found stays; the shares the claims would
+    take back (:data:`WRONG_CLAIM_COST`: two for a wrong mechanism, one for a wrong remedy, never below
+    zero) are withheld provisionally (``withheld``), so ``fraction`` is what stands if the instructor
+    finds the claims made, and ``fraction + withheld`` what the learner gets if not.
     """
     if not isinstance(text, str) or len(text.strip()) < min_chars:
         return failed(too_short or f"{name} 应该是你自己写的一两句话（至少十几个字）。")
-    hits = [pattern.search(text) is not None for pattern, _ in concepts]
-    problems = [msg for hit, (_, msg) in zip(hits, concepts) if not hit]
-    said, cost = [], 0
+    found = [pattern.search(text) is not None for pattern, _ in concepts]
+    missing = [msg for hit, (_, msg) in zip(found, concepts) if not hit]
+    hits = sum(found)
+    said: list[str] = []
+    questions, cost = [], 0
     for claim in wrong:
         clause = asserted(text, claim.pattern, claim.unless)
         if clause is not None and clause not in said:
             said.append(clause)
             cost += WRONG_CLAIM_COST[claim.kind]
-            problems.append(f"{subject}里写的「{clause}」{claim.message}")
-    return ratio(max(0, sum(hits) - cost), len(concepts), problems)
+            questions.append(claim.question(subject, clause))
+    if not said:
+        return ratio(hits, len(concepts), missing)
+    earned = max(0, hits - cost)
+    message = "；".join(missing) + ("。" if missing else "") + "".join(questions)
+    return CheckResult(earned / len(concepts), message, review=tuple(said), withheld=(hits - earned) / len(concepts))
 
 
 def scheduling_messages(ctx: "Context", pod: str) -> list[str]:
@@ -425,7 +517,11 @@ def check(id: str, points: float = 1, *, title: str = "", hidden: bool = False
 
 @dataclass(frozen=True)
 class CheckOutcome:
-    """One check's result as reported: ``message`` is learner-facing; ``detail`` and ``error`` are not."""
+    """One check's result as reported: ``message`` is learner-facing; ``detail``, ``error`` and ``review`` are not.
+
+    ``review`` (the clauses the instructor should read, :attr:`CheckResult.review`) marks an outcome that
+    awaits the instructor's review; ``withheld`` is the points withheld until then, not part of ``earned``.
+    """
 
     check_id: str
     label: str
@@ -436,6 +532,8 @@ class CheckOutcome:
     hidden: bool = False
     detail: str = ""
     error: str | None = None
+    review: tuple[str, ...] = ()
+    withheld: float = 0.0
 
 
 def _round(x: float) -> float:
@@ -464,7 +562,8 @@ def run_check(chk: Check, ctx: Context, label: str | None = None) -> CheckOutcom
     else:
         message = result.message
     return CheckOutcome(chk.id, label, chk.points, earned, result.passed, message, chk.hidden,
-                        detail=result.message, error=error)
+                        detail=result.message, error=error, review=result.review,
+                        withheld=_round(chk.points * result.withheld))
 
 
 @dataclass(frozen=True)

@@ -15,8 +15,21 @@ Output (``out_dir``)
 
 Gradebook columns: ``learner``, one ``<check id> (<points>)`` column per check
 (``hidden:`` prefixed for hidden ones; the points earned), ``total``, ``max``,
-``percent`` (total/max × 100), ``status``, ``reason``, ``graded-at`` (when the
-row was graded, ISO 8601 UTC such as ``2025-03-01T08:30:00Z``) and ``lab``.
+``percent`` (total/max × 100), ``status``, ``reason``, ``review``, ``graded-at``
+(when the row was graded, ISO 8601 UTC such as ``2025-03-01T08:30:00Z``) and ``lab``.
+
+Answers awaiting review: a check may mark its result for the instructor's review
+(:attr:`gpulab.grading.checks.CheckResult.review`, as nbgrader marks manually
+graded answers; free-text explanations that seem to assert a wrong claim are).
+The row's ``review`` cell names those checks (space-separated ids; empty when
+none), so filtering on a non-empty ``review`` lists every answer to read;
+``details.json`` quotes the clauses (each check's ``review``) and the points
+withheld until the review (``withheld``, not part of the check's cell or the
+total), and the learner's feedback says which checks a teacher will review.
+The instructor decides: where the learner did not mean what the check read, the
+withheld points are theirs. A regrade writes the row again, ``review`` and
+scores included, so record the decision in a column of your own (``notes``),
+which a regrade keeps.
 
 Nothing is lost: grading into an ``out_dir`` that already has a gradebook
 *merges*. The learners graded now replace their own rows in place; every other
@@ -61,7 +74,7 @@ from typing import Any, Protocol
 from gpulab import marks
 from gpulab._fsutil import atomic_write_bytes, atomic_write_json, atomic_write_text, locked
 
-from ..i18n import _
+from ..i18n import _, ngettext
 from .checks import Check, CheckOutcome, CheckSuite, Context, group_by_kind, load_hidden_checks, load_lab_checks
 from .record import ResultsError, load_results
 from .runner import ErrorKind, Execution, Runner
@@ -69,7 +82,7 @@ from .runner import ErrorKind, Execution, Runner
 GRADEBOOK = "gradebook.csv"
 DETAILS = "details.json"
 # The gradebook's columns after the per-check ones, in order.
-SUMMARY_COLUMNS = ("total", "max", "percent", "status", "reason", "graded-at", "lab")
+SUMMARY_COLUMNS = ("total", "max", "percent", "status", "reason", "review", "graded-at", "lab")
 _CHECK_COLUMN = re.compile(r"^(?:hidden:)?\S+ \(-?[0-9.]+\)$")
 
 # Statuses for which the submission itself is at fault and scores zero; grader-side
@@ -245,6 +258,11 @@ class GradeRow:
     def graded(self) -> bool:
         return self.total is not None
 
+    @property
+    def awaiting_review(self) -> list[CheckOutcome]:
+        """The outcomes marked for the instructor's review (see the module docstring)."""
+        return [o for o in self.outcomes if o.review]
+
 
 @dataclass(frozen=True)
 class ProgressEvent:
@@ -279,7 +297,14 @@ class BatchResult:
         book = _("gradebook: {path}", path=self.gradebook)
         if self.gradebook_rows is not None:
             book += _(" ({n} row(s))", n=self.gradebook_rows)
-        return "\n".join((head, book, _("feedback:  {path}", path=self.out_dir / "feedback")))
+        lines = [head, book, _("feedback:  {path}", path=self.out_dir / "feedback")]
+        waiting = sum(len(row.awaiting_review) for row in self.rows)
+        if waiting:
+            lines.append(ngettext("review:    {n} answer awaits your review: the gradebook's review column names "
+                                  "the check, details.json quotes the clause",
+                                  "review:    {n} answers await your review: the gradebook's review column names "
+                                  "the checks, details.json quotes the clauses", waiting))
+        return "\n".join(lines)
 
 
 def _fmt(value: float | None) -> str:
@@ -318,9 +343,10 @@ def gradebook_cells(suite: CheckSuite, row: GradeRow, lab: str | None = None) ->
         cells[column_name(chk)] = _fmt(earned[chk.id]) if row.graded and chk.id in earned else ""
     max_points = suite.max_points
     percent = _fmt(100 * row.total / max_points) if row.total is not None and max_points > 0 else ""
+    review = " ".join(o.check_id for o in row.awaiting_review)
     cells.update({"total": _fmt(row.total), "max": _fmt(max_points), "percent": percent, "status": row.status,
-                  "reason": " ".join(row.reason.split()), "graded-at": iso_utc(row.graded_at or utc_now()),
-                  "lab": lab or suite.lab})
+                  "reason": " ".join(row.reason.split()), "review": review,
+                  "graded-at": iso_utc(row.graded_at or utc_now()), "lab": lab or suite.lab})
     return cells
 
 
@@ -492,7 +518,13 @@ def feedback_markdown(lab: str, row: GradeRow, max_points: float) -> str:
         lines += ["- 得分：暂无", "",
                   "评分过程中出现了内部错误，这次没有给出成绩，讲师会重新评分。这不是你的问题。", ""]
         return "\n".join(lines)
-    lines += [f"- 得分：**{_fmt(row.total)} / {_fmt(max_points)}**", "", "## 运行情况", ""]
+    lines.append(f"- 得分：**{_fmt(row.total)} / {_fmt(max_points)}**")
+    waiting = row.awaiting_review
+    if waiting:
+        withheld = sum(o.withheld for o in waiting)
+        held = f"，暂扣 {_fmt(withheld)} 分，复核后可能加回" if withheld else ""
+        lines.append(f"- 待老师复核：{len(waiting)} 项回答{held}（下面标着「待老师复核」的检查）")
+    lines += ["", "## 运行情况", ""]
     if row.execution is not None:
         lines.append(row.execution.learner_summary())
     elif row.status == "no-notebook":
@@ -505,6 +537,8 @@ def feedback_markdown(lab: str, row: GradeRow, max_points: float) -> str:
     for o in row.outcomes:
         mark = marks.verdict(o.passed, o.earned)
         text = f"- {mark} {o.label}：{_fmt(o.earned)} / {_fmt(o.points)} 分"
+        if o.review:
+            text += f"（另有 {_fmt(o.withheld)} 分暂扣，待老师复核）" if o.withheld else "（待老师复核）"
         if o.message and not (o.passed and o.hidden):
             text += f"。{o.message}"
         lines.append(text)
@@ -639,7 +673,8 @@ def grade_batch(submissions_dir: str | Path, lab: str, checks: CheckSuite | Iter
             "execution": _execution_dict(row.execution), "grader_traceback": row_trace,
             "checks": [{"id": o.check_id, "label": o.label, "points": o.points, "earned": o.earned,
                         "passed": o.passed, "message": o.message, "detail": o.detail, "error": o.error,
-                        "hidden": o.hidden} for o in row.outcomes],
+                        "hidden": o.hidden, "review": list(o.review), "withheld": o.withheld}
+                       for o in row.outcomes],
         }
         count = write_gradebook(gradebook, suite, [row], lab=lab)
         write_details(out, lab, suite, {row.learner: detail})

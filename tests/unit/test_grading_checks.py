@@ -74,6 +74,28 @@ def test_check_decorator_and_points():
         check("zero", points=0)(lambda ctx: passed())
 
 
+def test_a_result_marked_for_review_carries_its_clauses_and_withheld_points_to_the_outcome():
+    @check("explain", points=3, title="解释")
+    def explain(ctx):
+        return CheckResult(1 / 3, "你写的「显存被平分了」——是说……吗？", review=["显存被平分了"], withheld=2 / 3)
+
+    outcome = run_check(explain, Context())
+    assert outcome.earned == 1 and outcome.withheld == 2 and outcome.review == ("显存被平分了",)
+    assert not outcome.passed and outcome.message.startswith("你写的「显存被平分了」")
+    hidden = run_check(check("h", points=3, hidden=True)(explain.func), Context())
+    assert hidden.review == ("显存被平分了",) and "显存" not in hidden.message  # the instructor's, not the learner's
+    final = run_check(check("plain")(lambda ctx: partial(0.5, "一半")), Context())
+    assert final.review == () and final.withheld == 0
+    with pytest.raises(ValueError, match="review is empty"):
+        CheckResult(0.0, "扣了", withheld=0.5)  # nothing to review
+    with pytest.raises(ValueError, match="withheld"):
+        CheckResult(0.5, "扣了", review=("x",), withheld=0.75)  # more than was taken
+    with pytest.raises(ValueError, match="tell the learner"):
+        CheckResult(1.0, "", review=("x",))
+    with pytest.raises(ValueError, match="non-empty strings"):
+        CheckResult(0.5, "扣了", review=("",))
+
+
 def test_context_queries_return_copies():
     ctx = _ctx()
     assert [n["metadata"]["name"] for n in ctx.objects("node")] == ["gpu-node-1", "cpu-node-1"]

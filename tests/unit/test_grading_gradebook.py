@@ -149,14 +149,15 @@ def test_batch_isolates_every_failure(submissions, tmp_path):
     rows = {r["learner"]: r for r in read_gradebook(result.gradebook)}
     assert list(rows) == ["alice", "bob", "carol", "dave", "erin"]
     header = gradebook_header(result.suite)
-    assert header[0] == "learner" and header[-7:] == ["total", "max", "percent", "status", "reason", "graded-at",
-                                                      "lab"] == list(SUMMARY_COLUMNS)
+    assert header[0] == "learner" and header[-8:] == ["total", "max", "percent", "status", "reason", "review",
+                                                      "graded-at", "lab"] == list(SUMMARY_COLUMNS)
     assert list(rows["alice"]) == header
     assert "job-gpu-limit (2)" in header and "hidden:h-secret (2)" in header
     assert rows["alice"]["status"] == "ok" and rows["alice"]["total"] == "10" and rows["alice"]["max"] == "12"
     assert rows["alice"]["percent"] == "83.33" and rows["alice"]["lab"] == "example"
     assert datetime.strptime(rows["alice"]["graded-at"], "%Y-%m-%dT%H:%M:%SZ")  # ISO 8601, UTC
     assert rows["dave"]["percent"] == "" and rows["bob"]["percent"] == "0"
+    assert {r["review"] for r in rows.values()} == {""}  # nothing awaits review
     assert rows["alice"]["hidden:h-secret (2)"] == "0" and rows["alice"]["job-gpu-limit (2)"] == "2"
     assert rows["bob"]["status"] == "timeout" and rows["bob"]["total"] == "0"
     assert "wall-clock" in rows["bob"]["reason"]
@@ -305,7 +306,7 @@ def test_an_older_gradebook_is_merged_by_column_name(submissions, tmp_path):
     header, _ = _table(out / "gradebook.csv")
     suite = example_checks()
     ours = gradebook_header(suite)
-    assert header == [*ours[:-7], "retired-check (3)", *SUMMARY_COLUMNS, "notes"]
+    assert header == [*ours[:-len(SUMMARY_COLUMNS)], "retired-check (3)", *SUMMARY_COLUMNS, "notes"]
     rows = {r["learner"]: r for r in read_gradebook(out / "gradebook.csv")}
     assert list(rows) == ["alice", "mallory"]
     assert rows["mallory"]["retired-check (3)"] == "1" and rows["mallory"]["total"] == "1"
@@ -314,6 +315,43 @@ def test_an_older_gradebook_is_merged_by_column_name(submissions, tmp_path):
     assert rows["alice"]["notes"] == "late by a day"  # the instructor's note survives the regrade
     assert rows["alice"]["graded-at"] == "2025-03-01T08:30:00Z" and rows["alice"]["lab"] == "example"
     assert sorted(json.loads((out / "details.json").read_text(encoding="utf-8"))["learners"]) == ["alice", "mallory"]
+
+
+def test_an_answer_that_seems_to_assert_a_wrong_claim_awaits_the_instructors_review(tmp_path):
+    from gpulab.grading.checks import CheckSuite
+    from gpulab.grading.labs import lab_04
+
+    suite = CheckSuite("example", (*example_checks().checks, lab_04.explanation))
+    subs = tmp_path / "subs"
+    right = "time-slicing 只轮流分算力，显存并没有切开，一个容器 OOM 邻居一起挂；要隔离显存用 MIG。"
+    wrong = "time-slicing 把显存平均分给每个容器，大家轮流用算力，一个容器 OOM 邻居一起挂；要隔离显存用 MIG。"
+    _fake_submission(subs / "alice.ipynb", values={**GOOD_VALUES, "explanation": right})
+    _fake_submission(subs / "bob.ipynb", values={**GOOD_VALUES, "explanation": wrong})
+    out = tmp_path / "out"
+    result = grade_batch(subs, "example", suite, FakeRunner(), out, collector=_collector(), clock=lambda: T1)
+    rows = {r["learner"]: r for r in read_gradebook(out / "gradebook.csv")}
+    # the gradebook marks bob's answer, and only his: filter on a non-empty review
+    assert rows["alice"]["review"] == "" and rows["alice"]["explanation (3)"] == "3"
+    assert rows["bob"]["review"] == "explanation"
+    # the concept credit stays (4 of 4 parts said); the two shares the claim would take back are withheld
+    assert rows["bob"]["explanation (3)"] == "1.5"
+    assert float(rows["bob"]["total"]) == sum(float(rows["bob"][gb.column_name(c)]) for c in suite.checks)
+    details = json.loads((out / "details.json").read_text(encoding="utf-8"))
+    explained = {c["id"]: c for c in details["learners"]["bob"]["checks"]}["explanation"]
+    assert explained["review"] == ["time-slicing 把显存平均分给每个容器"] and explained["withheld"] == 1.5
+    assert {c["id"]: c for c in details["learners"]["alice"]["checks"]}["explanation"]["review"] == []
+    # the learner is asked, never told, and knows the points are provisional
+    bob = (out / "feedback" / "bob.md").read_text(encoding="utf-8")
+    assert "- 待老师复核：1 项回答，暂扣 1.5 分，复核后可能加回" in bob
+    assert "1.5 / 3 分（另有 1.5 分暂扣，待老师复核）。" in bob
+    assert "解释里写的「time-slicing 把显存平均分给每个容器」——是说 time-slicing 把显存分开了吗？" in bob
+    assert "如果不是，这一条会交给老师复核。" in bob and "把原因说成了" not in bob
+    assert "待老师复核" not in (out / "feedback" / "alice.md").read_text(encoding="utf-8")
+    # the instructor's summary says how many answers wait
+    assert "1 answer awaits your review" in result.summary_text()
+    assert [o.check_id for o in result.rows[1].awaiting_review] == ["explanation"]
+    regraded = grade_batch(subs, "example", example_checks(), FakeRunner(), tmp_path / "plain", collector=_collector())
+    assert len(regraded.summary_text().splitlines()) == 3  # no explanation check, nothing to review: no line for it
 
 
 def test_a_gradebook_of_another_lab_is_refused_and_kept(submissions, tmp_path):

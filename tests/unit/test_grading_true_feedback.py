@@ -3,8 +3,10 @@
 Every test builds the Context a learner's submission would leave behind in one situation where a check
 used to say something the captured objects did not show (or deducted a second time for a mistake another
 check already judged), and asserts the message and score it gives now. Explanations are scored on what
-they claim: known-wrong mechanisms and remedies take credit back (that the reference solutions' texts earn
-full marks is tests/unit/test_grading_labs.py's, which may read solutions/).
+they claim: a clause that seems to assert a known-wrong mechanism or remedy is quoted back as a question,
+never as an assertion, and marked for the instructor's review, its shares withheld until then (that the
+reference solutions' texts earn full marks is tests/unit/test_grading_labs.py's, which may read solutions/;
+right explanations written in many ways are tests/unit/test_grading_explanations.py's).
 """
 
 from __future__ import annotations
@@ -34,21 +36,35 @@ def test_asserted_reads_claims_not_words(text, claimed):
     assert asserted(text, pattern, unless=re.compile("另外")) == claimed
 
 
-def test_wrong_mechanisms_cost_two_shares_and_wrong_remedies_one():
+def test_wrong_claims_are_asked_about_and_withhold_two_shares_or_one_for_review():
     concepts = [(re.compile("甲"), "缺甲"), (re.compile("乙"), "缺乙"), (re.compile("丙"), "缺丙")]
-    wrong = [WrongClaim(re.compile("错因"), "：原因不对"), WrongClaim(re.compile("错招"), "：办法不对", kind="remedy")]
+    wrong = [WrongClaim(re.compile("错因"), "原因是错因", "再看看日志。"),
+             WrongClaim(re.compile("错招"), "用错招能修好", "这一招修的是什么？", kind="remedy")]
     def score(text):
         return judge_explanation(text, concepts, wrong, min_chars=5)
 
-    assert score("甲乙丙，全都说到了，没有错误").fraction == 1
+    right = score("甲乙丙，全都说到了，没有错误")
+    assert right.fraction == 1 and right.review == () and right.withheld == 0
     remedy = score("甲乙丙都对，但是要用错招来修")
-    assert remedy.fraction == pytest.approx(2 / 3) and "「但是要用错招来修」：办法不对" in remedy.message
-    assert score("甲乙丙都说了，可根子是错因").fraction == pytest.approx(1 / 3)
-    assert score("甲乙丙都说了，根子不是错因").fraction == 1  # denied, not claimed
-    assert score("只有甲，外加错因和错招").fraction == 0
+    assert remedy.fraction == pytest.approx(2 / 3) and remedy.withheld == pytest.approx(1 / 3)
+    assert remedy.review == ("但是要用错招来修",)
+    # quoted and asked, never asserted
+    assert remedy.message == ("解释里写的「但是要用错招来修」——是说用错招能修好吗？如果是这个意思，这一招修的是什么？"
+                              "如果不是，这一条会交给老师复核。")
+    mechanism = score("甲乙丙都说了，可根子是错因")
+    assert mechanism.fraction == pytest.approx(1 / 3) and mechanism.withheld == pytest.approx(2 / 3)
+    assert score("甲乙丙都说了，根子不是错因").passed  # denied, not claimed
+    both = score("只有甲，外加错因和错招")
+    assert both.fraction == 0 and both.withheld == pytest.approx(1 / 3)  # never below zero: only the 甲 is at stake
+    assert both.review == ("外加错因和错招",)  # one clause, asked about once
+    assert both.message.startswith("缺乙；缺丙。解释里写的「外加错因和错招」——是说原因是错因吗？")
     assert "至少十几个字" in judge_explanation("甲乙丙", concepts, wrong).message
     with pytest.raises(ValueError, match="kind"):
-        WrongClaim(re.compile("x"), "", kind="aside")
+        WrongClaim(re.compile("x"), "x", "x。", kind="aside")
+    with pytest.raises(ValueError, match="reading"):
+        WrongClaim(re.compile("x"), "原因是错因吗？", "再看看日志。")
+    with pytest.raises(ValueError, match="hint"):
+        WrongClaim(re.compile("x"), "原因是错因", "再看看日志")
 
 
 # --------------------------------------------------------------------------- lab 01: a MIG request is a GPU request
@@ -136,9 +152,11 @@ def test_lab03_explanation_is_scored_on_its_mechanism():
     def result(text):
         return lab_03.explanation(Context({"explanation": text}))
 
-    # A false mechanism that names the scheduler used to earn 1/3.
+    # A false mechanism that names the scheduler used to earn 1/3; the scheduler's share is withheld for review.
     false = result("调度器发现 GPU 节点上的资源不够，所以没有把 web-plain 放上去。")
-    assert false.fraction == 0 and "「调度器发现 GPU 节点上的资源不够」" in false.message
+    assert false.fraction == 0 and false.withheld == pytest.approx(1 / 3)
+    assert false.review == ("调度器发现 GPU 节点上的资源不够",)
+    assert "「调度器发现 GPU 节点上的资源不够」——是说 GPU 节点是因为资源不够才被排除的吗？" in false.message
     # Naming the scheduler is not saying what it decided.
     assert result("节点有污点，Pod 没有容忍，调度器把它放到了别的地方。").fraction == pytest.approx(2 / 3)
     assert result("节点有污点，web-plain 没有容忍，调度器过滤时排除了这台节点，它被驱逐了。").fraction == pytest.approx(1 / 3)
@@ -261,10 +279,13 @@ def test_lab04_explanation_is_scored_on_its_mechanism():
         return lab_04.explanation(Context({"explanation": text}))
 
     split = result("time-slicing 把显存平均分给每个容器，大家轮流用算力，一个容器 OOM 不影响别人；MIG 也可以。")
-    assert split.fraction == 0
-    assert "「time-slicing 把显存平均分给每个容器」" in split.message and "「一个容器 OOM 不影响别人」" in split.message
+    assert split.fraction == 0 and split.withheld == 1  # all four parts said: all at stake
+    assert split.review == ("time-slicing 把显存平均分给每个容器", "一个容器 OOM 不影响别人")
+    assert "「time-slicing 把显存平均分给每个容器」——是说 time-slicing 把显存分开了吗？" in split.message
+    assert "「一个容器 OOM 不影响别人」——是说一个容器 OOM 不会波及同一张卡上的其它容器吗？" in split.message
     limits = result("time-slicing 轮流用算力，显存共享，一个 OOM 邻居一起挂；要隔离就给每个容器设 limits 限制显存。")
-    assert limits.fraction == pytest.approx(2 / 4) and "limits/requests" in limits.message
+    assert limits.fraction == pytest.approx(2 / 4) and limits.withheld == pytest.approx(1 / 4)
+    assert "是说用 limits/requests 就能限住显存吗？" in limits.message
     # A clause about MIG isolating memory is right, not a claim about time-slicing.
     assert result("MIG 把显存切分成独立实例；time-slicing 只轮流分算力，显存共享，一个 OOM 邻居一起挂。").passed
     # Denied between the noun and the verb, in Chinese and English; MIG named in another clause of its sentence.
@@ -414,7 +435,8 @@ def test_lab06_budget_hint_names_only_fields_really_left_out():
      "卡也被别的任务占满了"),
     ("dev-notebook", "调度器发现 GPU 节点上卡不够，所以 dev-notebook 只能等。", 0, "调度器发现 GPU 节点上卡不够"),
 ])
-def test_lab08_explanations_lose_credit_for_wrong_claims(pod, text, fraction, quoted):
+def test_lab08_explanations_with_wrong_claims_await_review(pod, text, fraction, quoted):
     result = lab_08._explain(Context({"explanations": {pod: text}}), pod)
-    assert result.fraction == pytest.approx(fraction)
-    assert f"{pod} 的解释里写的「{quoted}」" in result.message
+    assert result.fraction == pytest.approx(fraction) and result.review == (quoted,)
+    assert f"{pod} 的解释里写的「{quoted}」——是说" in result.message
+    assert "吗？如果是这个意思，" in result.message and result.message.endswith("如果不是，这一条会交给老师复核。")

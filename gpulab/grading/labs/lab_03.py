@@ -165,22 +165,29 @@ _CONCEPTS = (
 WRONG_TAINT_CLAIMS = (
     WrongClaim(re.compile(r"(资源|GPU|gpu|卡|显存|内存|CPU|cpu|算力).{0,6}(不够|不足|耗尽|用完|占满|满了|被占)|"
                           r"insufficient|not enough|out of (gpus?|resources|memory)", re.I),
-               "：把原因说成了资源不够——Pod 的 FailedScheduling 事件里说 GPU 节点被排除的原因是这个吗？",
+               "GPU 节点是因为资源不够才被排除的", "web-plain 的 FailedScheduling 事件里说 GPU 节点被排除的原因是什么？",
                # the other nodes really lack GPUs (or the selected label): a clause about them is not this claim
                unless=re.compile(r"另外|其他|其它|其余|别的节点|CPU ?节点|cpu nodes?|other nodes?", re.I)),
     WrongClaim(re.compile(r"(GPU ?节点|gpu node).{0,12}(标签|label).{0,8}(不匹配|对不上|不符|不一致|缺|mismatch)", re.I),
-               "：把原因说成了 GPU 节点的标签对不上——对照节点上的标签和 Pod 的 nodeSelector 再看一遍"),
+               "GPU 节点的标签和 web-plain 的 nodeSelector 对不上", "对照节点上的标签和 Pod 的 nodeSelector 再看一遍。"),
     WrongClaim(re.compile(r"驱逐|evict", re.I),
-               "：说 Pod 被驱逐了——它从来没有在 GPU 节点上运行过，驱逐的是已经在运行的 Pod"),
-    WrongClaim(re.compile(r"(没有|没|不)(申请|请求|要).{0,6}(GPU|卡|nvidia\.com/gpu)|"
-                          r"(doesn't|does not|didn't|did not) (request|ask for).{0,10}gpu", re.I),
-               "：说因为没申请 GPU 所以上不去——Kubernetes 不会因为 Pod 没申请 GPU 就拦着它上 GPU 节点"),
+               "web-plain 被驱逐了", "它在 GPU 节点上运行过吗？驱逐的是已经在运行的 Pod。",
+               # what NoExecute would do is a contrast, not a claim about web-plain
+               unless=re.compile(r"NoExecute", re.I)),
+    # web-plain really requests no GPU: saying so is a fact; the wrong claim is that this keeps it off the node
+    WrongClaim(re.compile(r"(因为|由于|既然)[^，,]{0,12}?(没有|没|不)(申请|请求|要|需要).{0,6}(GPU|卡|nvidia\.com/gpu)|"
+                          r"(没有|没|不)(申请|请求|要|需要).{0,6}(GPU|卡|nvidia\.com/gpu).{0,12}?"
+                          r"(所以|因此|才|就|便|不能|不会|不允许|不让|上不去|进不去)|"
+                          r"\b(because|since)\b.{0,24}(doesn't|does not|didn't|did not|don't|do not) "
+                          r"(request|ask for|need).{0,10}gpu", re.I),
+               "web-plain 因为没申请 GPU 才上不了 GPU 节点", "Kubernetes 会因为 Pod 没申请 GPU 就拦着它上 GPU 节点吗？"),
 )
 
 
 @check("explanation", points=3, title="解释为什么不带容忍的 Pod 不会跑到 GPU 节点上")
 def explanation(ctx: Context):
     """Scored on what it claims (:func:`~gpulab.grading.checks.judge_explanation`): taint, toleration and
-    the scheduler's filtering each earn a share; each mechanism web-plain's events contradict takes two back."""
+    the scheduler's filtering each earn a share; a clause that seems to assert a mechanism web-plain's events
+    contradict is asked about and marked for review, two shares withheld until the instructor decides."""
     return judge_explanation(ctx.value("explanation"), _CONCEPTS, WRONG_TAINT_CLAIMS,
                              too_short="explanation 应该是你自己写的一两句话（至少十几个字）。")

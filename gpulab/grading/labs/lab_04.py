@@ -339,17 +339,17 @@ _WRONG = (
     # time-slicing splitting the memory is the very thing it does not do (a clause about MIG is another matter)
     WrongClaim(re.compile(r"(显存|memory|VRAM).{0,12}(平分|均分|切分|切开|分成|分割|划分|等分|按份|隔离开|partition|split|"
                           r"divided|isolated)|(平分|均分|切分|分割|划分|等分|partition|split|divide)s?.{0,8}(显存|memory|VRAM)|"
-                          r"(1/4|四分之一|1/N|一份|自己那份|自己的那份)的?(显存|memory)", re.I),
-               "：说 time-slicing 把显存分开了——你从容器里用 nvidia-smi 看到的已用显存是多少？", unless=_MIG),
+                          r"(1/4|四分之一|1/N|一份|自己那份|自己的那份)\s*的?\s*(显存|memory)", re.I),
+               "time-slicing 把显存分开了", "你从容器里用 nvidia-smi 看到的已用显存是多少？", unless=_MIG),
     # under time-slicing an OOM does take the neighbours down (the lab shows it)
     WrongClaim(re.compile(r"(不影响|不会影响|影响不到|不波及|不会波及|互不影响|不会连累|doesn't affect|won't affect|"
-                          r"does not affect|will not affect)(到)?(别人|邻居|其他|其它|别的|others?|the others|neighbo)",
+                          r"does not affect|will not affect)(到)?\s*(the\s+)?(别人|邻居|其他|其它|别的|others?|neighbo)",
                           re.I),
-               "：说一个容器 OOM 不会波及别人——同一张卡上的其它笔记本当时怎样了？", unless=_MIG),
+               "一个容器 OOM 不会波及同一张卡上的其它容器", "同一张卡上的其它笔记本当时怎样了？", unless=_MIG),
     # Kubernetes limits do not reach GPU memory: the device plugin hands out devices, not MiB
     WrongClaim(re.compile(r"(设|设置|加|写|配|用|通过|靠).{0,6}(limits?|requests?|资源限制|resources).{0,12}"
                           r"(显存|memory|VRAM)", re.I),
-               "：开出的办法是用 limits/requests 限住显存——Pod 的资源声明里有哪一项能限制 GPU 显存吗？",
+               "用 limits/requests 就能限住显存", "Pod 的资源声明里有哪一项能限制 GPU 显存吗？",
                unless=_MIG, kind="remedy"),
 )
 
@@ -357,8 +357,9 @@ _WRONG = (
 @check("explanation", points=3, title="解释 time-slicing 为什么不隔离显存")
 def explanation(ctx: Context):
     """Scored on what it claims (:func:`~gpulab.grading.checks.judge_explanation`): memory, what
-    time-slicing shares, the neighbours' OOM and MIG each earn a share; asserting that time-slicing splits
-    the memory (a wrong mechanism) takes two back, a limits-based remedy one."""
+    time-slicing shares, the neighbours' OOM and MIG each earn a share; a clause that seems to assert that
+    time-slicing splits the memory (a wrong mechanism) or a limits-based remedy is asked about and marked for
+    review, two shares or one withheld until the instructor decides."""
     return judge_explanation(ctx.value("explanation"), _CONCEPTS, _WRONG,
                              too_short="explanation 应该是你自己写的两三句话（至少十几个字）。")
 

@@ -272,55 +272,57 @@ _CONCEPTS = {
 
 _UNHEALTHY = re.compile(r"坏|不健康|unhealthy|Xid|掉卡|fallen off", re.I)
 _OTHER_NODES = re.compile(r"另外|其他|其它|其余|别的节点|CPU ?节点|cpu nodes?|other nodes?", re.I)
-#: Known-wrong mechanisms and remedies per Pod: asserting one takes shares back (see judge_explanation).
+#: Known-wrong mechanisms and remedies per Pod: a clause that seems to assert one is asked about and marked for
+#: review, its shares withheld until the instructor decides (see judge_explanation).
 _WRONG = {
     "train": (
         WrongClaim(re.compile(r"(被|让)(别的|其他|其它|其余)?.{0,8}(占(满|用|着|了)|用(满|光|完))|占满|"
                               r"\bin use\b|occupied|held by", re.I),
-                   "：说卡被别的 Pod 占着——集群里真有别的 Pod 占着这台节点的卡吗？"),
+                   "卡被别的 Pod 占着", "集群里真有别的 Pod 占着这台节点的卡吗？"),
         WrongClaim(re.compile(r"(device ?plugin|设备插件).{0,8}(挂|崩|停|没(有)?(在)?运行|down|crash|not running)",
                               re.I),
-                   "：说 device plugin 没在运行——那样的话 allocatable 里会一张卡都没有"),
+                   "device plugin 没在运行", "那样的话 allocatable 里还会剩下卡吗？"),
         WrongClaim(re.compile(r"(加|添加|补|写)(上|个|一个)?.{0,4}(容忍|toleration)", re.I),
-                   "：开出的办法是加容忍——train 本来就带着容忍，它的问题不在污点", kind="remedy"),
+                   "加上容忍就能解决", "看看 train 的 spec：它本来有没有容忍？", kind="remedy"),
         WrongClaim(re.compile(r"(删|停|杀|清理).{0,10}(别的|其他|其它|其余).{0,6}(Pod|pod|任务|作业)", re.I),
-                   "：开出的办法是腾出别人的卡——集群里真有别的 Pod 占着这台节点的卡吗？", kind="remedy"),
+                   "腾出别的 Pod 占着的卡就能解决", "集群里真有别的 Pod 占着这台节点的卡吗？", kind="remedy"),
     ),
     "infer": (
         WrongClaim(re.compile(r"驱动.{0,6}(太新|过新)|驱动(的)?(版本)?比.{0,12}(新|高)|"
                               r"(镜像|运行时|runtime|image).{0,10}(太旧|过旧|太老|太低|过低)|"
                               r"(镜像|运行时|runtime|image)(里)?(的)?(CUDA)?(版本)?比.{0,12}(旧|老|低)", re.I),
-                   "：对照 nvidia-smi 表头的 CUDA Version（驱动支持到哪个版本）和镜像标签里的 CUDA 版本，"
-                   "再看看谁比谁新"),
-        WrongClaim(re.compile(r"(换|升级|更新|改|用)(成|到|为)?.{0,6}(更新|最新|新版|更高|latest|newer).{0,8}"
-                              r"(CUDA|镜像|image|运行时|runtime)", re.I),
-                   "：开出的办法是换更新的 CUDA 镜像——对照节点驱动支持的 CUDA 版本和镜像标签里的版本，想想该往哪个方向换",
+                   "驱动比镜像里的 CUDA 新", "对照 nvidia-smi 表头的 CUDA Version（驱动支持到哪个版本）和镜像标签里的 "
+                   "CUDA 版本，再看看谁比谁新。"),
+        # a newer driver (the right remedy) is not a newer image: the words between may not name the driver
+        WrongClaim(re.compile(r"(换|升级|更新|改|用)(成|到|为)?(?:(?!驱动|driver).){0,6}(更新|最新|新版|更高|latest|newer)"
+                              r"(?:(?!驱动|driver).){0,8}(CUDA|镜像|image|运行时|runtime)", re.I),
+                   "换一个 CUDA 更新的镜像就能解决", "对照节点驱动支持的 CUDA 版本和镜像标签里的版本，想想该往哪个方向换。",
                    kind="remedy"),
         WrongClaim(re.compile(r"(降级|降低|回退|downgrade).{0,6}(驱动|driver)|(驱动|driver).{0,6}(降级|回退|downgrade)",
                               re.I),
-                   "：开出的办法是降级驱动——驱动版本越低，它能支持的 CUDA 版本是更高还是更低？", kind="remedy"),
-        WrongClaim(_UNHEALTHY, "：把原因说成了卡坏了——infer 已经分到卡并启动了，它的日志里是哪一条错误？"),
+                   "降级驱动就能解决", "驱动版本越低，它能支持的 CUDA 版本是更高还是更低？", kind="remedy"),
+        WrongClaim(_UNHEALTHY, "infer 起不来是因为卡坏了", "infer 已经分到卡并启动了，它的日志里是哪一条错误？"),
     ),
     "dev-notebook": (
         WrongClaim(re.compile(r"(资源|GPU|gpu|卡|显存).{0,6}(不够|不足|耗尽|用完|占满|满了|被占)|insufficient|"
                               r"not enough", re.I),
-                   "：把 GPU 节点排除 dev-notebook 的原因说成了卡不够——调度器的消息里 GPU 节点是因为什么被排除的？",
+                   "GPU 节点是因为卡不够才排除了 dev-notebook", "调度器的消息里 GPU 节点是因为什么被排除的？",
                    unless=_OTHER_NODES),
-        WrongClaim(_UNHEALTHY, "：把原因说成了卡坏了——调度器的消息里 GPU 节点是因为什么被排除的？",
+        WrongClaim(_UNHEALTHY, "GPU 节点是因为卡坏了才排除了 dev-notebook", "调度器的消息里 GPU 节点是因为什么被排除的？",
                    unless=_OTHER_NODES),
         WrongClaim(re.compile(r"驱逐|evict", re.I),
-                   "：说 Pod 被驱逐了——dev-notebook 从来没有在 GPU 节点上运行过"),
+                   "dev-notebook 被驱逐了", "它在 GPU 节点上运行过吗？", unless=re.compile(r"NoExecute", re.I)),
         WrongClaim(re.compile(r"(驱动|driver|CUDA ?版本).{0,8}(太旧|太新|过旧|过低|不匹配|不兼容|不够|mismatch|"
                               r"incompatible|too old|insufficient)", re.I),
-                   "：把驱动或 CUDA 版本扯了进来——dev-notebook 还没被调度，容器根本没有启动"),
+                   "dev-notebook 的问题出在驱动或 CUDA 版本上", "dev-notebook 被调度了吗？它的容器启动过吗？"),
     ),
 }
 
 
 def _explain(ctx: Context, pod: str):
     """Scored on what it claims (:func:`~gpulab.grading.checks.judge_explanation`): each part of the right
-    mechanism earns a share, each known-wrong mechanism (two shares) or remedy (one) the text asserts takes
-    shares back."""
+    mechanism earns a share; a clause that seems to assert a known-wrong mechanism (two shares) or remedy
+    (one) is asked about and marked for review, its shares withheld until the instructor decides."""
     texts = ctx.value("explanations")
     text = texts.get(pod) if isinstance(texts, dict) else None
     concepts = [(pattern, f"{pod} 的解释{msg}") for pattern, msg in _CONCEPTS[pod]]
