@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import hashlib
 import json
 import os
 import shutil
@@ -283,6 +282,7 @@ def socket_home(path: Path, room: int, mode: int = 0o700) -> Path:
         path.mkdir(parents=True, exist_ok=True)
         return path
     base = Path(os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()) / f"gpulab-{os.getuid()}"
+    import hashlib  # here, not at the top: every container's shim imports this module, and hashlib loads OpenSSL (3 MiB)
     short = base / hashlib.sha256(str(path.absolute()).encode()).hexdigest()[:12]
     short.mkdir(parents=True, exist_ok=True)
     base.chmod(0o711)  # search only: what lives below says who may read it
