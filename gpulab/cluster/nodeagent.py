@@ -25,7 +25,9 @@ from ..fakegpu.stack import GpuStack
 from . import clusterdns
 from ..kube.statedir import StateDir
 from ..runtime import sandbox
-from ..runtime.agent import NodeAgent
+from ..kube.allocatable import parse as parse_quantity
+from ..runtime.agent import DEFAULT_PULL_RATE, NodeAgent
+from ..runtime.imagemanager import ImageManager
 from ..runtime.images import (HOST_PROGRAMS, Entrypoint, ImageCatalog, agnhost_images, busybox_images,
                               monitoring_images, nginx_images)
 from ..runtime.network import ApiRelay, NetworkError, PodNetwork
@@ -81,7 +83,11 @@ def main(argv: list[str] | None = None) -> int:
                            *monitoring_images(args.prometheus, args.prometheus_adapter, args.kube_state_metrics),
                            *(nginx_images(args.cluster_dir / "images" / "nginx", root_in_userns=os.geteuid() != 0)
                              if sandbox.kind() == "namespaces" else [])])
-    agent = NodeAgent(args.cluster_dir, network, devices=gpus, images=images)
+    # Each node pulls images at its pool's imagePullBandwidth (the topology's network).
+    rates = {spec.name: float(parse_quantity(spec.image_pull_bandwidth))
+             for spec in StateDir(args.cluster_dir).topology().nodes}
+    image_manager = ImageManager(args.cluster_dir / "nodes", lambda node: rates.get(node, DEFAULT_PULL_RATE))
+    agent = NodeAgent(args.cluster_dir, network, devices=gpus, images=images, image_manager=image_manager)
 
     def on_term(signum, frame):
         agent.stop.set()

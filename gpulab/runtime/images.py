@@ -1,6 +1,7 @@
 """Images whose real program gpulab has: their entrypoint runs as the container's process.
 
-No image is ever pulled. A container with ``command`` runs that command with
+No image's files are ever fetched (pulling is simulated as time over the node's network:
+:mod:`gpulab.runtime.imagemanager`). A container with ``command`` runs that command with
 the host's programs; a container without one runs its image's entrypoint when
 gpulab has the image's program — CoreDNS's and agnhost's, built from source with the control
 plane, or the host's ``python3``, ``busybox`` and ``nginx`` (Debian's packages) for the ``python``,

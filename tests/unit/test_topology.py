@@ -275,6 +275,8 @@ def test_zero_and_hundred_percent_thresholds_are_ignored_as_the_kubelet_ignores_
     ("  cpu: \"2\"\n  kubeReserved: {cpu: \"1\"}\n  systemReserved: {cpu: 1500m}\n", "nodePools[0]",
      "reserve 2500m of cpu, more than the node's 2 (the kubelet would refuse to start)"),
     ("  memory: 1Gi\n  evictionHard: {memory.available: 2Gi}\n", "nodePools[0]", "reserve 2Gi of memory"),
+    ("  imagePullBandwidth: \"0\"\n", "nodePools[0].imagePullBandwidth", "not a bandwidth; bytes per second"),
+    ("  imagePullBandwidth: fast\n", "nodePools[0].imagePullBandwidth", "'fast' is not a Kubernetes quantity"),
 ])
 def test_malformed_reservations(tmp_path, text, field, words):
     path = write(tmp_path, "nodePools:\n- name: a\n" + text)
@@ -310,3 +312,9 @@ def test_a_node_registers_its_allocatable_and_an_older_node_is_brought_up_to_dat
     old = {"status": {"capacity": {**spec.capacity(), "nvidia.com/gpu": "2"},
                       "allocatable": {**spec.capacity(), "nvidia.com/gpu": "1"}}}
     assert nodes.machine_resources(spec, old) == {"allocatable": spec.allocatable()}
+
+
+def test_image_pull_bandwidth_is_the_pools_or_the_default(tmp_path):
+    path = write(tmp_path, "nodePools:\n- name: a\n- name: b\n  imagePullBandwidth: 100Mi\n")
+    a, b = topology.load(path).nodes
+    assert (a.image_pull_bandwidth, b.image_pull_bandwidth) == (topology.DEFAULT_IMAGE_PULL_BANDWIDTH, "100Mi")
