@@ -27,8 +27,6 @@ import struct
 from decimal import ROUND_CEILING, Decimal
 from typing import Mapping
 
-from kubernetes.utils import parse_quantity
-
 #: What ``kubeReserved`` and ``systemReserved`` may name (the kubelet's ``parseResourceList``).
 RESERVABLE = ("cpu", "memory", "ephemeral-storage", "pid")
 
@@ -60,6 +58,8 @@ _DECIMAL = ("", "k", "M", "G", "T", "P", "E")
 
 def parse(quantity: str | int) -> Decimal:
     """A Kubernetes quantity as an exact number (``"150m"`` → 0.150, ``"1Gi"`` → 1073741824)."""
+    from kubernetes.utils import parse_quantity  # here: reading a topology must not load the kubernetes client
+
     return Decimal(parse_quantity(str(quantity)))
 
 
