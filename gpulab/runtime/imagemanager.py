@@ -53,9 +53,11 @@ REGISTRY_ROUND_TRIP = 0.05
 DEFAULT_IMAGE_SIZE = 256 * 2**20
 #: When the kubelet tries again after ErrImageNeverPull (its pod worker's back-off for a failed sync).
 NEVER_PULL_RETRY = 10.0
-#: The image of lesson 06 with a 7B model's weights baked in (fp16: 7.24e9 parameters × 2 bytes) over
-#: gpulab/llm-server's own 45 MB.
+#: The image of lesson 06: gpulab/llm-server (45 MB) with a 7B model's weights baked in at BAKED_MODEL_PATH
+#: (fp16: 7.24e9 parameters × 2 bytes), served by default.
 BAKED_WEIGHTS_IMAGE = "gpulab/llm-server:0.1-7b-weights"
+BAKED_WEIGHTS_BYTES = 14_480_000_000
+BAKED_MODEL, BAKED_MODEL_PATH = "llama-7b", "/models/llama-7b"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,7 +98,7 @@ IMAGES: dict[str, ImageInfo] = {
     "jupyter/pytorch-notebook": ImageInfo(4_000_000_000),
     "gpulab/llm-server": ImageInfo(45_000_000),
     # lesson 06: weights in the image make it big, and a node that lacks it pulls all of it
-    BAKED_WEIGHTS_IMAGE: ImageInfo(45_000_000 + 14_480_000_000, preloaded=False),
+    BAKED_WEIGHTS_IMAGE: ImageInfo(45_000_000 + BAKED_WEIGHTS_BYTES, preloaded=False),
 }
 
 

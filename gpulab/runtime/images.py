@@ -23,7 +23,8 @@ from .sandbox import DEFAULT_PATH, Mount
 
 @dataclasses.dataclass(frozen=True)
 class Entrypoint:
-    """One image's program: its repository (any tag or digest), ENTRYPOINT, and the host binary behind it."""
+    """One image's program: its repository (any tag or digest) or one ``repository:tag`` of it, ENTRYPOINT, and
+    the host binary behind it."""
 
     repository: str
     argv: tuple[str, ...]
@@ -291,4 +292,5 @@ class ImageCatalog:
         self.entries = {e.repository: e for e in entries or []}
 
     def lookup(self, image: str) -> Entrypoint | None:
-        return self.entries.get(image_repository(image))
+        """The entry of ``image``'s own tag when there is one (an image that differs by tag), else of its repository."""
+        return self.entries.get(image.split("@", 1)[0]) or self.entries.get(image_repository(image))
