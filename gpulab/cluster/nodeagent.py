@@ -25,7 +25,10 @@ from ..fakegpu.stack import GpuStack
 from . import clusterdns
 from ..kube.statedir import StateDir
 from ..runtime import sandbox
-from ..runtime.agent import NodeAgent
+from ..kube.allocatable import parse as parse_quantity
+from ..runtime.agent import DEFAULT_PULL_RATE, NodeAgent
+from ..runtime import imagemanager
+from ..runtime.imagemanager import ImageManager
 from ..runtime.images import (HOST_PROGRAMS, Entrypoint, ImageCatalog, agnhost_images, busybox_images,
                               monitoring_images, nginx_images)
 from ..runtime.network import ApiRelay, NetworkError, PodNetwork
@@ -33,6 +36,18 @@ from ..runtime.resourcemetrics import SERVING_CERT, ResourceMetrics, ResourceMet
 
 # The port key in state.json of the resource metrics endpoint.
 RESOURCE_METRICS_PORT = "resource-metrics"
+
+
+def baked_weights_image(root: Path) -> Entrypoint:
+    """Lesson 06's ``gpulab/llm-server:0.1-7b-weights``: the inference server with a 7B model in the image at
+    ``/models/llama-7b`` (its model.json, written under ``root``), which it serves when the pod gives no args."""
+    model = root / imagemanager.BAKED_MODEL
+    llmserver.write_model(str(model), imagemanager.BAKED_MODEL, round(imagemanager.BAKED_WEIGHTS_BYTES / 2**30, 2), "7B")
+    for path, mode in ((root, 0o755), (model, 0o755), (model / llmserver.MODEL_FILE, 0o644)):
+        path.chmod(mode)  # readable by the pod's user, as an image's files are
+    return Entrypoint(imagemanager.BAKED_WEIGHTS_IMAGE, ("python3", llmserver.CONTAINER_PATH), Path(llmserver.__file__),
+                      mount_at=llmserver.CONTAINER_PATH, cmd=("serve", "--model", imagemanager.BAKED_MODEL_PATH),
+                      files=((model, imagemanager.BAKED_MODEL_PATH),))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -73,6 +88,8 @@ def main(argv: list[str] | None = None) -> int:
                            # The inference server: a stdlib script, run by the host's python3 (serve ... by default).
                            Entrypoint(llmserver.IMAGE_REPOSITORY, ("python3", llmserver.CONTAINER_PATH),
                                       Path(llmserver.__file__), mount_at=llmserver.CONTAINER_PATH),
+                           # ... and one tag of it with a model's weights inside, which it serves by default.
+                           baked_weights_image(args.cluster_dir / "images" / "llm-server-weights"),
                            *HOST_PROGRAMS,
                            # agnhost (built with the control plane), and the host's busybox and nginx (Debian's);
                            # nginx only with a pod network (without one every nginx pod would want the host's port 80).
@@ -81,7 +98,11 @@ def main(argv: list[str] | None = None) -> int:
                            *monitoring_images(args.prometheus, args.prometheus_adapter, args.kube_state_metrics),
                            *(nginx_images(args.cluster_dir / "images" / "nginx", root_in_userns=os.geteuid() != 0)
                              if sandbox.kind() == "namespaces" else [])])
-    agent = NodeAgent(args.cluster_dir, network, devices=gpus, images=images)
+    # Each node pulls images at its pool's imagePullBandwidth (the topology's network).
+    rates = {spec.name: float(parse_quantity(spec.image_pull_bandwidth))
+             for spec in StateDir(args.cluster_dir).topology().nodes}
+    image_manager = ImageManager(args.cluster_dir / "nodes", lambda node: rates.get(node, DEFAULT_PULL_RATE))
+    agent = NodeAgent(args.cluster_dir, network, devices=gpus, images=images, image_manager=image_manager)
 
     def on_term(signum, frame):
         agent.stop.set()

@@ -1,7 +1,9 @@
 """What a kubelet registers, done once for each simulated node at bring-up.
 
 A real kubelet creates its Node object with capacity from the machine, its
-well-known labels, and registration taints; NFD and GFD add hardware labels
+allocatable (the capacity less what its configuration reserves: kube-reserved,
+system-reserved, the hard eviction thresholds; :mod:`gpulab.kube.allocatable`),
+its well-known labels, and registration taints; NFD and GFD add hardware labels
 later. Here gpulab creates each topology node the same way, marked for KWOK
 (``kwok.x-k8s.io/node: fake``) so KWOK keeps it alive. A GPU node starts
 with NFD's PCI label only (NFD is not simulated): its ``nvidia.com/gpu``
@@ -18,7 +20,7 @@ import yaml
 
 from .. import _poll
 from ..i18n import _
-from ..kube import api
+from ..kube import allocatable, api
 from .base import ClusterError
 from ..kube.names import LOOPBACK_NODE_ADDRESS, NODE_ANNOTATION, PROVISIONER, STORAGE_CLASS, node_address
 from ..kube.topology import NodeSpec, Topology
@@ -72,14 +74,6 @@ def node_object(spec: NodeSpec, annotation: tuple[str, str],
     from .. import versions
 
     labels = {**base_labels(spec), **hardware_labels(spec), **spec.labels}
-    resources = {
-        "cpu": spec.cpu,
-        "memory": spec.memory,
-        "pods": str(spec.pods),
-        "ephemeral-storage": "500Gi",
-        "hugepages-1Gi": "0",
-        "hugepages-2Mi": "0",
-    }
     return {
         "apiVersion": "v1",
         "kind": "Node",
@@ -97,8 +91,8 @@ def node_object(spec: NodeSpec, annotation: tuple[str, str],
         "spec": {"taints": [t.to_api() for t in spec.taints]} if spec.taints else {},
         "status": {
             "addresses": node_addresses or [],
-            "capacity": resources,
-            "allocatable": dict(resources),
+            "capacity": spec.capacity(),
+            "allocatable": spec.allocatable(),
             "nodeInfo": {
                 "architecture": "amd64",
                 "operatingSystem": "linux",
@@ -113,6 +107,20 @@ def node_object(spec: NodeSpec, annotation: tuple[str, str],
             },
         },
     }
+
+
+def machine_resources(spec: NodeSpec, node: dict[str, Any]) -> dict[str, Any]:
+    """The status patch that makes ``node``'s capacity and allocatable of the machine's own resources (cpu,
+    memory, pods, ephemeral-storage, hugepages) what the topology says; ``{}`` when they already are."""
+    status = node.get("status") or {}
+    patch = {}
+    for key, want in (("capacity", spec.capacity()), ("allocatable", spec.allocatable())):
+        have = status.get(key) or {}
+        # Compared as numbers: the apiserver writes every quantity in its canonical form.
+        if any(resource not in have or allocatable.parse(have[resource]) != allocatable.parse(value)
+               for resource, value in want.items()):
+            patch[key] = want
+    return patch
 
 
 def storage_class(name: str, provisioner: str) -> dict[str, Any]:
@@ -154,6 +162,12 @@ def bootstrap(cluster: "EmbeddedCluster", topo: Topology, crds: tuple[Path, ...]
         if (node.get("status") or {}).get("addresses") != want:
             # Registered by another version or in another sandbox mode: the kubelet reports what it has now.
             client.patch("Node", spec.name, {"status": {"addresses": want}}, subresource="status")
+        machine = machine_resources(spec, node)
+        if machine:
+            # Registered before gpulab modelled the kubelet's reservations (or with other ones): as a kubelet
+            # does at every status update, it reports its machine's capacity and allocatable. A merge patch:
+            # the device plugin's nvidia.com/* entries stay as they are.
+            client.patch("Node", spec.name, {"status": machine}, subresource="status")
         if (node["metadata"].get("annotations") or {}).get(PATH_ANNOTATION) != node_path(spec.name):
             # A node registered before gpulab served resource metrics.
             client.patch("Node", spec.name, {"metadata": {"annotations": {PATH_ANNOTATION: node_path(spec.name)}}})

@@ -175,7 +175,6 @@ def fetch(name: str, size_gib: float, to: str, parameters: str | None = None,
     leaves a directory that ``serve`` refuses, as a partial download would be.
     """
     out = out or sys.stdout
-    path = os.path.join(to, MODEL_FILE)
     try:
         have = read_model(to)
     except ModelError:
@@ -196,6 +195,15 @@ def fetch(name: str, size_gib: float, to: str, parameters: str | None = None,
         if done >= total_mib:
             break
         time.sleep(min(1.0, max(0.0, seconds - elapsed)))
+    write_model(to, name, size_gib, parameters)
+    print(f"fetched {name} into {to} in {time.monotonic() - start:.1f} s", file=out, flush=True)
+    return True
+
+
+def write_model(to: str, name: str, size_gib: float, parameters: str | None = None) -> None:
+    """Write ``to/model.json`` (atomically): what ``fetch`` leaves, and what an image with the weights baked in holds."""
+    os.makedirs(to, exist_ok=True)
+    path = os.path.join(to, MODEL_FILE)
     doc = {"format": MODEL_FORMAT, "name": name, "parameters": parameters, "size_gib": size_gib,
            "fetched_at": _stamp()}
     tmp = path + ".tmp"
@@ -203,8 +211,6 @@ def fetch(name: str, size_gib: float, to: str, parameters: str | None = None,
         json.dump(doc, fh, indent=2)
         fh.write("\n")
     os.replace(tmp, path)
-    print(f"fetched {name} into {to} in {time.monotonic() - start:.1f} s", file=out, flush=True)
-    return True
 
 
 # --------------------------------------------------------------------------

@@ -13,6 +13,15 @@ A topology is a YAML file (see ``manifests/topologies/``)::
       gpu: {model: h100-80gb, count: 2}
       labels: {...}                  # optional
       taints: [{key, value, effect}] # optional
+      # What the kubelet keeps from pods (optional; its configuration's keys and syntax):
+      # allocatable = capacity - kubeReserved - systemReserved - evictionHard (gpulab.kube.allocatable)
+      kubeReserved: {cpu: 150m, memory: 12165Mi}   # cpu, memory, ephemeral-storage, pid; default none
+      systemReserved: {}                           # the same keys; default none
+      evictionHard: {memory.available: 100Mi}      # default: the kubelet's (memory.available<100Mi,
+                                                   # nodefs.available<10%, ...); naming any signal
+                                                   # replaces them all, unless
+      mergeDefaultEvictionSettings: false          # true: unnamed signals keep their defaults
+      imagePullBandwidth: 500Mi      # optional: bytes per second of the nodes' image pulls (default 500Mi)
 
 Every problem is reported as ``<file>: <field>: <what is wrong>; <what is allowed>``
 so that a learner can fix the file without reading code, and every problem in the
@@ -23,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +40,7 @@ import yaml
 
 from .. import paths
 from ..i18n import _
+from . import allocatable as alloc
 
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|Ki|Mi|Gi|Ti|Pi|M|G|T|P)?$")
@@ -37,6 +48,12 @@ TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 LABEL_KEY = re.compile(r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
 LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
 MAX_NODES = 200
+#: The ephemeral-storage every simulated node has (its "disk"; the topology does not set it).
+EPHEMERAL_STORAGE = "500Gi"
+PERCENT = re.compile(r"^[0-9]+(\.[0-9]+)?%$")
+#: How fast a node pulls images when its pool does not say (bytes per second): a 14.5 GB image in about
+#: 28 s. Real pulls of big images are often slower (layers are decompressed as they arrive).
+DEFAULT_IMAGE_PULL_BANDWIDTH = "500Mi"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,6 +109,33 @@ class NodeSpec:
     gpu_count: int
     labels: dict[str, str]
     taints: tuple[Taint, ...]
+    # The kubelet's configuration of what it keeps from pods (gpulab.kube.allocatable); eviction_hard is the
+    # effective set of hard eviction thresholds (the kubelet's defaults unless the pool names its own).
+    kube_reserved: dict[str, str] = dataclasses.field(default_factory=dict)
+    system_reserved: dict[str, str] = dataclasses.field(default_factory=dict)
+    eviction_hard: dict[str, str] = dataclasses.field(default_factory=lambda: dict(alloc.DEFAULT_EVICTION_HARD))
+    # The network the node pulls images over: bytes per second, a quantity (gpulab.runtime.imagemanager).
+    image_pull_bandwidth: str = DEFAULT_IMAGE_PULL_BANDWIDTH
+
+    def capacity(self) -> dict[str, str]:
+        """What the kubelet reports as the machine's capacity (GPUs come from the device plugin, later)."""
+        return {
+            "cpu": self.cpu,
+            "memory": self.memory,
+            "pods": str(self.pods),
+            "ephemeral-storage": EPHEMERAL_STORAGE,
+            "hugepages-1Gi": "0",
+            "hugepages-2Mi": "0",
+        }
+
+    def reserved(self) -> dict[str, Decimal]:
+        """Per resource, what the kubelet keeps from pods: kube-reserved + system-reserved + the hard
+        eviction threshold (resources with nothing reserved are left out)."""
+        return alloc.reservation(self.capacity(), self.kube_reserved, self.system_reserved, self.eviction_hard)
+
+    def allocatable(self) -> dict[str, str]:
+        """What the kubelet reports as allocatable: the capacity less :meth:`reserved`."""
+        return alloc.allocatable(self.capacity(), self.reserved())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -178,7 +222,9 @@ class _Reader:
 
 _TOP_KEYS = ("apiVersion", "kind", "metadata", "nodePools")
 _METADATA_KEYS = ("name",)
-_POOL_KEYS = ("name", "count", "names", "cpu", "memory", "pods", "gpu", "labels", "taints")
+_POOL_KEYS = ("name", "count", "names", "cpu", "memory", "pods", "gpu", "labels", "taints",
+              "kubeReserved", "systemReserved", "evictionHard", "mergeDefaultEvictionSettings",
+              "imagePullBandwidth")
 
 
 def load(path: str | Path | None = None) -> Topology:
@@ -270,6 +316,24 @@ def _pool(r: _Reader, raw: Any, field: str, seen: dict[str, str], pool_names: se
     gpu = _gpu(r, pool.get("gpu"), f"{field}.gpu")
     labels = _labels(r, pool.get("labels"), f"{field}.labels")
     taints = _taints(r, pool.get("taints"), f"{field}.taints")
+    kube_reserved = _reserved(r, pool.get("kubeReserved"), f"{field}.kubeReserved")
+    system_reserved = _reserved(r, pool.get("systemReserved"), f"{field}.systemReserved")
+    eviction_hard = _eviction_hard(r, pool.get("evictionHard"), f"{field}.evictionHard")
+    bandwidth = r.quantity(pool, "imagePullBandwidth", field, DEFAULT_IMAGE_PULL_BANDWIDTH)
+    if bandwidth is not None and alloc.parse(bandwidth) <= 0:
+        r.fail(f"{field}.imagePullBandwidth", _("{value!r} is not a bandwidth; bytes per second, more than 0 "
+                                                "(e.g. \"500Mi\")", value=bandwidth))
+        bandwidth = None
+    merge = pool.get("mergeDefaultEvictionSettings", False)
+    if not isinstance(merge, bool):
+        r.fail(f"{field}.mergeDefaultEvictionSettings", _("expected true or false, got {value!r}", value=merge))
+        merge = None
+    if len(r.errors) == errors_before:
+        assert cpu is not None and memory is not None and pods is not None and merge is not None
+        assert kube_reserved is not None and system_reserved is not None and eviction_hard is not None
+        eviction_hard = alloc.effective_eviction_hard(eviction_hard, merge)
+        _fits(r, field, NodeSpec("", "", cpu, memory, pods, None, 0, {}, (), kube_reserved, system_reserved,
+                                 eviction_hard))
     nodes: list[NodeSpec] = []
     for node_name, nfield in node_names:
         if not DNS_LABEL.match(node_name):
@@ -283,8 +347,77 @@ def _pool(r: _Reader, raw: Any, field: str, seen: dict[str, str], pool_names: se
         if len(r.errors) == errors_before:
             assert pname is not None and cpu is not None and memory is not None and pods is not None
             assert gpu is not None and labels is not None and taints is not None
-            nodes.append(NodeSpec(node_name, pname, cpu, memory, pods, gpu[0], gpu[1], labels, taints))
+            assert kube_reserved is not None and system_reserved is not None and eviction_hard is not None
+            assert bandwidth is not None
+            nodes.append(NodeSpec(node_name, pname, cpu, memory, pods, gpu[0], gpu[1], labels, taints,
+                                  kube_reserved, system_reserved, eviction_hard, bandwidth))
     return nodes
+
+
+def _reserved(r: _Reader, raw: Any, field: str) -> dict[str, str] | None:
+    """``kubeReserved`` / ``systemReserved``: resource name -> quantity, as in the kubelet's configuration."""
+    if raw is None:
+        return {}
+    m = r.mapping(raw, field)
+    if m is None:
+        return None
+    out: dict[str, str] = {}
+    ok = True
+    for key in m:
+        if key not in alloc.RESERVABLE:
+            r.fail(f"{field}.{key}", _("the kubelet cannot reserve this resource; allowed: {names}",
+                                      names=", ".join(alloc.RESERVABLE)))
+            ok = False
+            continue
+        value = r.quantity(m, key, field, "0")
+        if value is None:
+            ok = False
+        else:
+            out[str(key)] = value
+    return out if ok else None
+
+
+def _eviction_hard(r: _Reader, raw: Any, field: str) -> dict[str, str] | None:
+    """``evictionHard``: eviction signal -> threshold (``"100Mi"`` or ``"10%"``), as in the kubelet's
+    configuration; an empty mapping is no configuration (the kubelet's defaults)."""
+    if raw is None:
+        return {}
+    m = r.mapping(raw, field)
+    if m is None:
+        return None
+    out: dict[str, str] = {}
+    ok = True
+    for key, value in m.items():
+        where = f"{field}.{key}"
+        if key not in alloc.SIGNALS:
+            r.fail(where, _("unknown eviction signal; allowed: {signals}", signals=", ".join(alloc.SIGNALS)))
+            ok = False
+            continue
+        text = str(value).strip() if isinstance(value, (str, int, float)) and not isinstance(value, bool) else None
+        if text is not None and PERCENT.match(text):
+            if float(text[:-1]) > 100:
+                r.fail(where, _("{value!r} is more than 100%; a percentage of the resource's capacity, "
+                                "0% to 100%", value=value))
+                ok = False
+                continue
+        elif text is None or not QUANTITY.match(text) or alloc.parse(text) <= 0:
+            r.fail(where, _("{value!r} is not a threshold; a positive quantity (e.g. \"100Mi\") or a "
+                            "percentage of the resource's capacity (e.g. \"10%\")", value=value))
+            ok = False
+            continue
+        out[str(key)] = text
+    return out if ok else None
+
+
+def _fits(r: _Reader, field: str, spec: NodeSpec) -> None:
+    """The kubelet refuses to start when what it reserves exceeds a resource's capacity."""
+    capacity = spec.capacity()
+    for resource, reserved in spec.reserved().items():
+        if reserved > alloc.parse(capacity[resource]):
+            r.fail(field, _("kubeReserved, systemReserved and evictionHard reserve {reserved} of {resource}, more "
+                            "than the node's {capacity} (the kubelet would refuse to start); reserve at most the "
+                            "capacity", reserved=alloc.render(reserved, alloc.is_binary(capacity[resource])),
+                            resource=resource, capacity=capacity[resource]))
 
 
 def _gpu(r: _Reader, raw: Any, field: str) -> tuple[str | None, int] | None:

@@ -29,6 +29,7 @@ Helpers, all usable after ``from gpulab.notebook import *``:
 ``pods()``/``placements()``  where the lesson's pods landed, and why not
 ``nodes()``            nodes with GPU model, allocatable and used GPUs, taints
 ``gpu_pods()``         pods that request GPUs (the chapter's ``jq`` listing)
+``remove_image(n, i)`` take an image off a node, as ``crictl rmi`` there (a cold start next time)
 ``plot_allocation()``  nvidia.com/gpu per node: who holds which card count
 ``plot_card_memory()`` how model replicas fit in a card's memory, per sharing scheme
 ``plot_gpu_memory()``  what the pods on each physical GPU asked of its memory, and who failed
@@ -50,7 +51,7 @@ The package has one module per noun; each imports only the ones listed before it
 - ``lesson``: ``setup``, :class:`Lab` and its reset, ``reset_lesson``, the current lesson;
 - ``pod``: ``pods``, ``pod_status``, ``pod_gpus``, ``pending_reason``, ``placements``, ``wait_pods``;
   ``job``: ``wait_job``; ``event``: ``events``; ``service``: ``endpoints``; ``logs``: ``follow_logs``;
-- ``gpus``: ``gpu_allocation``, ``nodes``, ``gpu_pods``;
+- ``gpus``: ``gpu_allocation``, ``nodes``, ``gpu_pods``; ``images``: ``remove_image``;
 - ``plots``: the ``plot_*`` figures, matplotlib and CJK fonts (imported when a figure is drawn);
 - ``timeline``: ``watch_pods``; ``hpa``: ``watch_hpa``; ``metrics``: ``dcgm_metrics``,
   ``custom_metrics``; ``usage``: ``usage_report``, ``wait_scrape`` (PromQL over the monitoring add-on).
@@ -62,6 +63,7 @@ from .checks import expect
 from .event import events
 from .gpus import gpu_allocation, gpu_pods, nodes
 from .hpa import HpaTimeline, watch_hpa
+from .images import remove_image
 from .job import wait_job
 from .lesson import Changes, Lab, reset_lesson, setup
 from .logs import LogFollower, follow_logs
@@ -84,7 +86,7 @@ __all__ = [
     "sh", "have", "apply", "delete", "show_manifest", "Output", "CommandFailed",
     # waiting and reading the cluster
     "wait_for", "wait_pods", "wait_job", "pods", "pod_status", "pod_gpus", "pending_reason", "placements", "nodes",
-    "gpu_pods", "gpu_allocation", "events", "endpoints", "follow_logs", "LogFollower",
+    "gpu_pods", "gpu_allocation", "events", "endpoints", "follow_logs", "LogFollower", "remove_image",
     # showing
     "Table", "plot_allocation", "plot_card_memory", "plot_gpu_memory", "plot_latency", "watch_pods", "Timeline",
     # checking

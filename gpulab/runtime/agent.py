@@ -22,8 +22,11 @@ from pathlib import Path
 from typing import Any
 
 from ..kube import api
+from ..kube.allocatable import parse as parse_quantity
+from ..kube.topology import DEFAULT_IMAGE_PULL_BANDWIDTH
 from . import sandbox, streaming
 from .devices import DeviceHooks, NoDevices
+from .imagemanager import ImageManager
 from .images import ImageCatalog
 from .network import PodNetwork
 from .pod import PodWorker
@@ -33,6 +36,8 @@ from ..kube.names import NODE_ANNOTATION
 
 log = logging.getLogger("gpulab.runtime")
 
+
+DEFAULT_PULL_RATE = float(parse_quantity(DEFAULT_IMAGE_PULL_BANDWIDTH))
 
 # KWOK's per-pod objects for the kubelet API's logs, exec and port-forward.
 KINDS = ("ClusterLogs", "ClusterExec", "ClusterPortForward")
@@ -113,7 +118,7 @@ class LogRegistry:
 
 class NodeAgent:
     def __init__(self, cluster_dir: Path, network: PodNetwork, devices: DeviceHooks | None = None,
-                 images: ImageCatalog | None = None):
+                 images: ImageCatalog | None = None, image_manager: ImageManager | None = None):
         self.cluster_dir = cluster_dir
         self.client = api.Client(cluster_dir / "kubeconfigs" / "node-agent.yaml")
         self.pods_dir = cluster_dir / "pods"
@@ -121,6 +126,8 @@ class NodeAgent:
         self.devices: DeviceHooks = devices or NoDevices()
         self.network = network
         self.images = images or ImageCatalog()
+        # Each node's images and pulls (the kubelet's image manager); without one, every node pulls at the default rate.
+        self.image_manager = image_manager or ImageManager(self.nodes_dir, lambda node: DEFAULT_PULL_RATE)
         self.logs = LogRegistry(self.client)
         self.volumes = VolumeBuilder(self.client, self.nodes_dir)
         self.provisioner = Provisioner(self.client, self.nodes_dir)
@@ -250,6 +257,7 @@ class NodeAgent:
             ready_file.write_text(str(os.getpid()))
         log.info("node agent running for %d nodes", len(self.nodes))
         self.stop.wait()
+        self.image_manager.stop.set()
         for w in list(self.workers.values()):
             w.shutdown()
         for w in list(self.workers.values()):

@@ -116,6 +116,7 @@ class Container:
         self.kill_reason: tuple[str, str] | None = None
         self.deadline: float | None = None
         self.prober: Any = None  # probes.Prober while running
+        self.pull: Any = None  # imagemanager.Pull while its image is being pulled, before it is created
 
     # -- identity ------------------------------------------------------------
 

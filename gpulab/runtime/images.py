@@ -1,6 +1,7 @@
 """Images whose real program gpulab has: their entrypoint runs as the container's process.
 
-No image is ever pulled. A container with ``command`` runs that command with
+No image's files are ever fetched (pulling is simulated as time over the node's network:
+:mod:`gpulab.runtime.imagemanager`). A container with ``command`` runs that command with
 the host's programs; a container without one runs its image's entrypoint when
 gpulab has the image's program — CoreDNS's and agnhost's, built from source with the control
 plane, or the host's ``python3``, ``busybox`` and ``nginx`` (Debian's packages) for the ``python``,
@@ -22,7 +23,8 @@ from .sandbox import DEFAULT_PATH, Mount
 
 @dataclasses.dataclass(frozen=True)
 class Entrypoint:
-    """One image's program: its repository (any tag or digest), ENTRYPOINT, and the host binary behind it."""
+    """One image's program: its repository (any tag or digest) or one ``repository:tag`` of it, ENTRYPOINT, and
+    the host binary behind it."""
 
     repository: str
     argv: tuple[str, ...]
@@ -290,4 +292,5 @@ class ImageCatalog:
         self.entries = {e.repository: e for e in entries or []}
 
     def lookup(self, image: str) -> Entrypoint | None:
-        return self.entries.get(image_repository(image))
+        """The entry of ``image``'s own tag when there is one (an image that differs by tag), else of its repository."""
+        return self.entries.get(image.split("@", 1)[0]) or self.entries.get(image_repository(image))

@@ -26,7 +26,7 @@ from .._fsutil import remove_tree
 from ..kube import api
 from ..kube import events
 from ..kube.names import KUBERNETES_SERVICE_IP
-from . import dnsconfig, probes, programs, sandbox
+from . import dnsconfig, imagemanager, probes, programs, sandbox
 from .devices import AdmissionError, AdmissionPending
 from .containers import LOST, NODE_SHUTDOWN, Container, Termination, rfc3339
 from .network import NetworkError, PodSandbox
@@ -360,16 +360,18 @@ class PodWorker(threading.Thread):
                 return
             if now >= c.next_start:
                 self._start(c)
-                if c.sidecar:
+                if c.sidecar and c.pull is None:
                     continue
             return
         self.initialized = True
 
     def _run_main(self, now: float) -> None:
         policy = self.pod["spec"].get("restartPolicy", "Always")
+        pulling = False  # the kubelet starts a pod's containers in order, each after its image is there
         for c in self.main:
-            if c.state == "waiting" and now >= c.next_start:
+            if c.state == "waiting" and now >= c.next_start and not pulling:
                 self._start(c)
+                pulling = c.pull is not None
             elif c.state == "running":
                 if c.poll() is None:
                     self._probe(c, now)
@@ -392,7 +394,36 @@ class PodWorker(threading.Thread):
 
     # -- containers -----------------------------------------------------------
 
+    def _image_ready(self, c: Container) -> bool:
+        """The kubelet's ``EnsureImageExists`` before it creates ``c``: True once its image is on the node.
+
+        A pull goes on while the pod worker syncs (its container waits in ContainerCreating, PodInitializing for
+        an init container); :mod:`gpulab.runtime.imagemanager` decides, queues the pull and has the words.
+        """
+        if c.pull is not None:
+            if not c.pull.done.is_set():
+                return False
+            pull, c.pull = c.pull, None
+            self._event("Pulled", pull.pulled_message())
+            return True
+        image = c.spec.get("image", "")
+        decision = self.agent.image_manager.ensure(self.node, image, c.spec.get("imagePullPolicy"))
+        if decision.kind == "present":
+            self._event("Pulled", decision.message)
+            return True
+        if decision.kind == "never":
+            c.waiting_reason, c.waiting_message = "ErrImageNeverPull", decision.message
+            self._event("ErrImageNeverPull", decision.message, "Warning")
+            c.next_start = time.time() + imagemanager.NEVER_PULL_RETRY
+            return False
+        self._event("Pulling", decision.message)
+        c.pull = decision.pull
+        c.waiting_reason, c.waiting_message = ("PodInitializing" if c.init else "ContainerCreating"), ""
+        return False
+
     def _start(self, c: Container) -> None:
+        if not self._image_ready(c):
+            return
         missing = c.entrypoint.missing() if c.entrypoint is not None and not c.spec.get("command") else None
         if missing:
             # The image's program is not on this machine: say what to install (never simulate it instead).
@@ -426,7 +457,6 @@ class PodWorker(threading.Thread):
         gid = sc.get("runAsGroup")
         gid = uid if gid is None else int(gid)
         image = c.spec.get("image", "")
-        self._event("Pulled", f'Container image "{image}" already present on machine and can be accessed by the pod')
         self._event("Created", f"Created container: {c.name}")
         if c.simulated:
             # No process behind it: say so where a learner looks (kubectl describe pod).

@@ -1,6 +1,7 @@
 """Built-in images: container images whose program runs inside the node agent.
 
-Simulated nodes pull no images. A container whose spec has a command runs
+Simulated nodes fetch no image files (a pull is only time: :mod:`gpulab.runtime.imagemanager`). A container
+whose spec has a command runs
 that command in a sandbox; one without a command is simulated as a process
 that runs until stopped. A third kind covers the software the cluster's
 own stack ships as images — NVIDIA's device plugin, GFD, the DCGM exporter,

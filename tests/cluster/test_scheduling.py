@@ -43,6 +43,25 @@ def test_capacity_and_allocatable_in_describe_node(kubectl):
     # capacity for the kubelet's grace period), which widens the column: compare values, not text.
     assert cap["nvidia.com/gpu"] == "2"
     assert alloc["nvidia.com/gpu"] == "2"
+    # The default topology's GPU node reserves what GKE reserves on such a machine (kube-reserved 150m CPU and
+    # 12165Mi), and the kubelet's default eviction threshold memory.available<100Mi comes off memory too.
+    assert (cap["cpu"], alloc["cpu"]) == ("32", "31850m")
+    assert (cap["memory"], alloc["memory"]) == ("256Gi", "249879Mi")
+
+
+def test_allocatable_is_capacity_less_what_each_kubelet_reserves(kube, cluster):
+    from gpulab.cluster.embedded import EmbeddedCluster
+    from gpulab.kube import allocatable
+
+    if not isinstance(cluster, EmbeddedCluster):
+        pytest.skip("a kind node's real kubelet reports its own machine and configuration, not the topology's")
+    for spec in cluster.topology().nodes:
+        status = kube.get("Node", spec.name)["status"]
+        for resource in ("cpu", "memory", "ephemeral-storage", "pods"):
+            cap = allocatable.parse(status["capacity"][resource])
+            alloc = allocatable.parse(status["allocatable"][resource])
+            assert cap == allocatable.parse(spec.capacity()[resource]), (spec.name, resource)
+            assert cap - alloc == spec.reserved().get(resource, 0), (spec.name, resource)
 
 
 def describe_section(text: str, start: str, end: str) -> dict[str, str]:

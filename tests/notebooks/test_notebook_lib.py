@@ -537,7 +537,7 @@ def test_plot_gpu_memory_stacks_pods_per_gpu_and_marks_the_card():
 
 # The modules of gpulab.notebook, bottom first: each imports (at the top or in a function) only modules before it.
 LAYERS = ["table", "shell", "wait", "quantity", "checks", "quiz", "manifest", "lesson", "pod", "job", "event",
-          "service", "logs", "gpus", "plots", "timeline", "hpa", "metrics", "usage", "__init__"]
+          "service", "logs", "gpus", "images", "plots", "timeline", "hpa", "metrics", "usage", "__init__"]
 # What gpulab.notebook may import from the rest of gpulab: the packages below it, never cli.
 def _layers_below(package: str) -> set[str]:
     """What pyproject.toml's import-linter layers put below ``package`` (one list, read here, not copied)."""

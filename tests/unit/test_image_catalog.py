@@ -106,6 +106,7 @@ def test_a_container_whose_host_program_is_missing_waits_and_says_what_to_instal
     from types import SimpleNamespace
 
     from gpulab.runtime import pod as pod_module
+    from gpulab.runtime.imagemanager import ImageManager
     from gpulab.runtime.pod import PodWorker
 
     recorded: list[tuple[str, str, str]] = []
@@ -114,7 +115,8 @@ def test_a_container_whose_host_program_is_missing_waits_and_says_what_to_instal
     gone = str(tmp_path / "no-nginx")
     catalog = images.ImageCatalog([images.Entrypoint("nginx", ("/docker-entrypoint.sh",), cmd=("nginx",),
                                                      needs=(gone, "nginx-light"))])
-    agent = SimpleNamespace(client=None, devices=None, pods_dir=tmp_path, images=catalog)
+    agent = SimpleNamespace(client=None, devices=None, pods_dir=tmp_path, images=catalog,
+                            image_manager=ImageManager(tmp_path / "nodes", lambda node: 1e9))
     pod = {"metadata": {"namespace": "ns", "name": "web", "uid": "u-1"},
            "spec": {"nodeName": "cpu-node-1", "containers": [{"name": "main", "image": "nginx:1.27"}]}}
     worker = PodWorker(agent, pod)
@@ -123,4 +125,23 @@ def test_a_container_whose_host_program_is_missing_waits_and_says_what_to_instal
     worker._start(c)
     assert c.state == "waiting" and c.waiting_reason == "CreateContainerError"
     assert "sudo apt-get install -y nginx-light" in c.waiting_message
-    assert recorded == [("Warning", "Failed", f"Error: {c.waiting_message}")]
+    # The image is on the node (the kubelet checks that first); its program is not.
+    assert recorded == [("Normal", "Pulled", 'Container image "nginx:1.27" already present on machine and can be '
+                                             "accessed by the pod"),
+                        ("Warning", "Failed", f"Error: {c.waiting_message}")]
+
+
+def test_one_tag_of_an_image_may_run_differently_lesson_06s_baked_weights(tmp_path: Path):
+    """gpulab/llm-server:0.1-7b-weights serves the model inside it by default; the other tags need args."""
+    from gpulab.cluster.nodeagent import baked_weights_image
+    from gpulab.fakegpu import llmserver
+    from gpulab.runtime import imagemanager
+
+    baked = baked_weights_image(tmp_path / "images")
+    catalog = images.ImageCatalog([images.Entrypoint(llmserver.IMAGE_REPOSITORY, ("python3", llmserver.CONTAINER_PATH)),
+                                   baked])
+    assert catalog.lookup(imagemanager.BAKED_WEIGHTS_IMAGE) is baked
+    assert catalog.lookup(llmserver.IMAGE).cmd == () and catalog.lookup("gpulab/llm-server:0.2").cmd == ()
+    assert baked.command([], []) == ["python3", llmserver.CONTAINER_PATH, "serve", "--model", "/models/llama-7b"]
+    [model] = [Path(m.host_path) for m in baked.mounts() if m.container_path == "/models/llama-7b"]
+    assert llmserver.read_model(str(model))["size_gib"] == round(imagemanager.BAKED_WEIGHTS_BYTES / 2**30, 2)

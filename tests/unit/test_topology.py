@@ -191,3 +191,130 @@ def test_cli_reset_with_a_bad_topology_leaves_an_existing_cluster_alone(tmp_path
     assert result.exit_code == 2, result.output
     assert state.read_text() == '{"topology": "/somewhere/default.yaml"}'
     assert sorted(p.relative_to(home) for p in home.rglob("*")) == before
+
+
+# -- what the kubelet keeps from pods: allocatable = capacity - reserved - hard eviction ---------------------------
+
+def test_the_default_gpu_node_reserves_what_gke_reserves_on_such_a_machine():
+    topo = topology.load()
+    gpu = topo.node("gpu-node-1")
+    assert gpu.kube_reserved == {"cpu": "150m", "memory": "12165Mi"} and gpu.system_reserved == {}
+    assert gpu.capacity()["cpu"] == "32" and gpu.capacity()["memory"] == "256Gi"
+    allocatable = gpu.allocatable()
+    # 32 - 150m; 256Gi - 12165Mi (kube-reserved) - 100Mi (the kubelet's default memory.available<100Mi)
+    assert (allocatable["cpu"], allocatable["memory"], allocatable["pods"]) == ("31850m", "249879Mi", "110")
+    # nodefs.available<10% of 500Gi, the percentage a float32 as the kubelet parses it
+    assert allocatable["ephemeral-storage"] == str(500 * 2**30 - 53687092000)
+    cpu = topo.node("cpu-node-1")
+    assert cpu.kube_reserved == {} and cpu.allocatable()["cpu"] == "16"
+    assert cpu.allocatable()["memory"] == "65436Mi"  # the eviction threshold alone
+
+
+def test_every_shipped_topology_leaves_pods_room():
+    for f in sorted((Path(topology.default_path()).parent).glob("*.yaml")):
+        for node in topology.load(f).nodes:
+            cap, alloc = node.capacity(), node.allocatable()
+            for resource in ("cpu", "memory"):
+                assert 0 < allocation(alloc[resource]) <= allocation(cap[resource]), (f.name, node.name, resource)
+
+
+def allocation(q: str) -> float:
+    from gpulab.kube import allocatable
+
+    return float(allocatable.parse(q))
+
+
+def test_reservations_are_added_and_taken_from_capacity(tmp_path):
+    path = write(tmp_path, """\
+nodePools:
+- name: a
+  cpu: "8"
+  memory: 32Gi
+  kubeReserved: {cpu: 100m, memory: 1Gi, ephemeral-storage: 10Gi, pid: "1000"}
+  systemReserved: {cpu: "0.5", memory: 512Mi}
+  evictionHard: {memory.available: 5%}
+""")
+    [node] = topology.load(path).nodes
+    assert node.eviction_hard == {"memory.available": "5%"}  # naming a signal replaces the defaults...
+    alloc = node.allocatable()
+    assert alloc["cpu"] == "7400m"
+    # 32Gi - 1Gi - 512Mi - int(32Gi * float32(0.05))
+    assert alloc["memory"] == str(32 * 2**30 - 2**30 - 512 * 2**20 - int(32 * 2**30 * 0.05000000074505806))
+    assert alloc["ephemeral-storage"] == "490Gi"  # ...so no nodefs.available threshold: only kube-reserved
+
+
+def test_merge_default_eviction_settings_keeps_the_signals_not_named(tmp_path):
+    path = write(tmp_path, "nodePools:\n- name: a\n  memory: 64Gi\n  evictionHard: {memory.available: 1Gi}\n"
+                           "  mergeDefaultEvictionSettings: true\n")
+    [node] = topology.load(path).nodes
+    assert node.eviction_hard["memory.available"] == "1Gi" and node.eviction_hard["nodefs.available"] == "10%"
+    assert node.allocatable()["memory"] == "63Gi"
+    assert node.allocatable()["ephemeral-storage"] == str(500 * 2**30 - 53687092000)
+
+
+def test_zero_and_hundred_percent_thresholds_are_ignored_as_the_kubelet_ignores_them(tmp_path):
+    path = write(tmp_path, "nodePools:\n- name: a\n  evictionHard: {memory.available: 0%, nodefs.available: 100%}\n")
+    [node] = topology.load(path).nodes
+    assert node.reserved() == {}
+    assert node.allocatable() == node.capacity()
+
+
+@pytest.mark.parametrize("text, field, words", [
+    ("  kubeReserved: {gpu: 1}\n", "nodePools[0].kubeReserved.gpu",
+     "the kubelet cannot reserve this resource; allowed: cpu, memory, ephemeral-storage, pid"),
+    ("  systemReserved: {memory: 1GB}\n", "nodePools[0].systemReserved.memory", "'1GB' is not a Kubernetes quantity"),
+    ("  kubeReserved: [cpu]\n", "nodePools[0].kubeReserved", "expected a mapping"),
+    ("  evictionHard: {memory.free: 1Gi}\n", "nodePools[0].evictionHard.memory.free",
+     "unknown eviction signal; allowed: memory.available, nodefs.available"),
+    ("  evictionHard: {memory.available: 120%}\n", "nodePools[0].evictionHard.memory.available", "more than 100%"),
+    ("  evictionHard: {memory.available: \"0\"}\n", "nodePools[0].evictionHard.memory.available",
+     "a positive quantity (e.g. \"100Mi\") or a percentage"),
+    ("  evictionHard: {nodefs.available: lots}\n", "nodePools[0].evictionHard.nodefs.available", "not a threshold"),
+    ("  mergeDefaultEvictionSettings: yes please\n", "nodePools[0].mergeDefaultEvictionSettings",
+     "expected true or false"),
+    ("  cpu: \"2\"\n  kubeReserved: {cpu: \"1\"}\n  systemReserved: {cpu: 1500m}\n", "nodePools[0]",
+     "reserve 2500m of cpu, more than the node's 2 (the kubelet would refuse to start)"),
+    ("  memory: 1Gi\n  evictionHard: {memory.available: 2Gi}\n", "nodePools[0]", "reserve 2Gi of memory"),
+    ("  imagePullBandwidth: \"0\"\n", "nodePools[0].imagePullBandwidth", "not a bandwidth; bytes per second"),
+    ("  imagePullBandwidth: fast\n", "nodePools[0].imagePullBandwidth", "'fast' is not a Kubernetes quantity"),
+])
+def test_malformed_reservations(tmp_path, text, field, words):
+    path = write(tmp_path, "nodePools:\n- name: a\n" + text)
+    with pytest.raises(topology.TopologyError) as err:
+        topology.load(path)
+    [issue] = err.value.errors
+    assert issue.field == field and words in issue.message, str(err.value)
+
+
+@pytest.mark.parametrize("value, binary, text", [
+    ("31.85", False, "31850m"), ("32000", False, "32k"), ("1500", False, "1500"), ("0.0000000001", False, "1n"),
+    ("249879Mi", True, "249879Mi"), ("256Gi", True, "256Gi"), ("483183820000", True, "483183820000"),
+    ("512", True, "512"), ("0", True, "0"),
+])
+def test_quantities_are_written_as_the_apiserver_writes_them(value, binary, text):
+    from gpulab.kube import allocatable
+
+    assert allocatable.render(allocatable.parse(value), binary) == text
+
+
+def test_a_node_registers_its_allocatable_and_an_older_node_is_brought_up_to_date():
+    from gpulab.cluster import nodes
+    from gpulab.kube.names import NODE_ANNOTATION
+
+    spec = topology.load().node("gpu-node-1")
+    obj = nodes.node_object(spec, NODE_ANNOTATION)
+    assert obj["status"]["capacity"] == spec.capacity() and obj["status"]["allocatable"] == spec.allocatable()
+    # as the apiserver returns it: canonical quantities, and the device plugin's resources beside them
+    seen = {"status": {"capacity": {**spec.capacity(), "nvidia.com/gpu": "2"},
+                       "allocatable": {**spec.allocatable(), "ephemeral-storage": "483183820k", "nvidia.com/gpu": "2"}}}
+    assert nodes.machine_resources(spec, seen) == {}
+    # registered before the kubelet's reservations were modelled: allocatable was the capacity
+    old = {"status": {"capacity": {**spec.capacity(), "nvidia.com/gpu": "2"},
+                      "allocatable": {**spec.capacity(), "nvidia.com/gpu": "1"}}}
+    assert nodes.machine_resources(spec, old) == {"allocatable": spec.allocatable()}
+
+
+def test_image_pull_bandwidth_is_the_pools_or_the_default(tmp_path):
+    path = write(tmp_path, "nodePools:\n- name: a\n- name: b\n  imagePullBandwidth: 100Mi\n")
+    a, b = topology.load(path).nodes
+    assert (a.image_pull_bandwidth, b.image_pull_bandwidth) == (topology.DEFAULT_IMAGE_PULL_BANDWIDTH, "100Mi")
