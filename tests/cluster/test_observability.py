@@ -83,11 +83,11 @@ def test_a_critical_pod_preempts_batch_work_and_usage_names_the_preemptor(kube, 
     kubectl("apply", "-f", str(manifest("07-monitoring-cost/priority-classes.yaml")))
     try:
         started = time.time()
-        # The lesson's Job trains 10 one-second steps; here it must still run when the critical pod comes.
+        # The lesson's Job trains 30 one-second steps; here it must still run when the critical pod comes.
         batch = tmp_path / "batch-train.yaml"
         text = manifest("07-monitoring-cost/batch-train.yaml").read_text()
-        assert "STEPS=10\n" in text
-        batch.write_text(text.replace("STEPS=10\n", "STEPS=600\n"))
+        assert "STEPS=30\n" in text
+        batch.write_text(text.replace("STEPS=30\n", "STEPS=600\n"))
         kubectl("-n", team_b, "apply", "-f", str(batch))
         [victim_name] = [p["metadata"]["name"] for p in wait_for(
             lambda: [p for p in kube.list("Pod", team_b, label_selector="job-name=batch-train")
