@@ -6,6 +6,7 @@ import io
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -658,3 +659,89 @@ def test_script_entry_point(tmp_path):
     proc = subprocess.run([sys.executable, str(SCRIPT)], env=env, capture_output=True, text=True, timeout=30,
                           cwd=str(tmp_path))
     assert (proc.returncode, proc.stdout) == (6, "No devices were found\n")
+
+
+# -- the real H100 captures: every invocation of their index, numbers aside ---------------------
+
+H100 = REPO / "tests" / "fixtures" / "nvidia-h100"
+HELP_CAPTURES = {"h", "dmon-h", "pmon-h", "nvlink-h", "help-query-gpu", "help-query-compute-apps"}
+
+
+def h100_captures() -> list[tuple[str, int, list[str]]]:
+    """(file name, exit status, argv) of each line of the captures' index."""
+    rows = []
+    for line in (H100 / "index.tsv").read_text().splitlines():
+        if line.startswith("#") or not line.strip():
+            continue
+        name, status, invocation = line.split("\t")
+        argv = shlex.split(invocation)
+        assert argv[0] == "nvidia-smi"
+        rows.append((name, int(status), argv[1:]))
+    return rows
+
+
+def h100_state(busy: bool = False) -> dict:
+    """One H100 like the captured one: its identity and the VM's quirks read off its -x -q, no NVLink peers
+    (the VM shows none), and with ``busy`` the one CUDA program of the busy-* captures."""
+    xml = (H100 / "x-q.txt").read_text()
+
+    def tag(name: str) -> str:
+        return re.search(rf"<{name}>([^<]*)</{name}>", xml)[1]
+
+    state = smistate.build_state("h100-80gb", 1, "ref-node", timestamp=1_796_476_845)
+    gpu = state["gpus"][0]
+    gpu.update(
+        bus_id=re.search(r'<gpu id="([^"]+)">', xml)[1], uuid=tag("uuid"), serial=tag("serial"),
+        module_id=int(tag("module_id")), nvlinks=0, fabric={"state": tag("state"), "status": tag("status")},
+        vbios_version=tag("vbios_version"),
+        board_part_number=tag("board_part_number"), gpu_part_number=tag("gpu_part_number"),
+        inforom_image=tag("img_version"), display_attached=tag("display_attached") == "Yes",
+        virtualization_mode=tag("virtualization_mode"), cpu_affinity="0-15",
+        memory_power_draw_w=float(re.search(r"<gpu_memory_power_readings>\s*<average_power_draw>([\d.]+) W", xml)[1]),
+        supported_memory_clocks=[int(m) for m in re.findall(r"<value>(\d+) MHz</value>", xml)],
+        row_remapper_banks=int(tag("row_remapper_histogram_max").split()[0]),
+    )
+    if busy:
+        gpu.update(utilization_gpu=100, utilization_memory=10, memory_used_mib=3139, clocks=dict(gpu["max_clocks"]),
+                   processes=[{"pid": 670, "type": "C", "name": "python3", "used_memory_mib": 3130}])
+    return state
+
+
+_CTIME = re.compile(r"[A-Z][a-z]{2} [A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d \d{4}")
+_NUMBER = re.compile(r"(?<![A-Za-z0-9_])( *)\d+(?:\.\d+)?")
+
+
+def mask(text: str) -> str:
+    """``text`` with its numbers replaced by ``#``; labels, headers and layout kept.
+
+    A number is a digit run (with a decimal part) that does not continue a word, so
+    "H100", "GPU0", "bar1" and "P0" stay. Right-aligned columns keep their width: a number
+    with two or more blanks before it becomes blanks and one ``#`` as wide as both together
+    (dmon's "    695" and "     76" mask alike); after a single blank or none (a -q value,
+    a CSV cell, an XML element) it is one ``#``. ctime dates are one ``#`` as well.
+    """
+    def number(m: re.Match) -> str:
+        blanks = m[1]
+        return "#".rjust(len(m[0])) if len(blanks) >= 2 else blanks + "#"
+
+    return _NUMBER.sub(number, _CTIME.sub("#", text))
+
+
+def test_mask_keeps_labels_and_column_widths():
+    assert mask("    0     76     48 \n    0    695     68 \n") == "    #      #      # \n" * 2
+    assert mask("Total                : 81559 MiB\n") == mask("Total                : 0 MiB\n") == (
+        "Total                : # MiB\n")
+    assert mask("NVIDIA H100 80GB HBM3, GPU0, <bar1_memory_usage>, P0, 0x0000000000000001") == (
+        "NVIDIA H100 #GB HBM3, GPU0, <bar1_memory_usage>, P0, #x0000000000000001")
+    assert mask("Timestamp : Sat Dec  5 13:20:45 2026") == mask("Timestamp : Tue Nov 14 22:13:20 2023")
+
+
+@pytest.mark.parametrize(("name", "status", "argv"), h100_captures(), ids=lambda x: x if isinstance(x, str) else "")
+def test_the_h100_captures(tmp_path, monkeypatch, name, status, argv):
+    monkeypatch.setattr(smi.time, "sleep", lambda seconds: None)  # dmon/pmon samples
+    rc, out, err = run(h100_state(busy=name.startswith("busy-")), *argv, tmp_path=tmp_path)
+    assert (rc, err) == (status, "")
+    if name in HELP_CAPTURES:
+        return  # the fake writes its own help: test_help_* compare what it offers
+    assert mask(out) == mask((H100 / f"{name}.txt").read_text())
+
