@@ -745,3 +745,174 @@ def test_the_h100_captures(tmp_path, monkeypatch, name, status, argv):
         return  # the fake writes its own help: test_help_* compare what it offers
     assert mask(out) == mask((H100 / f"{name}.txt").read_text())
 
+
+# -- help: the fake's own words, the real tool's option and field names ---------------------------
+
+
+def _help_options(text: str) -> set[str]:
+    """Options of a top-level help (``-h,   --help``, ``--query-gpu``) and its subcommands (``dmon``)."""
+    found = set()
+    for line in text.splitlines():
+        m = re.match(r" {4}(?:(-\w+),? +| {6})?(--[\w-]+)", line)
+        if m:
+            found |= {o for o in m.groups() if o}
+        m = re.match(r" {4}([a-z][\w-]+) {2,}\S", line)
+        if m:
+            found.add(m[1])
+    return found
+
+
+def _bracket_options(text: str) -> set[str]:
+    """``[-i | --id]`` options of a subcommand's help, and its ``-s`` letters as ``s:x``."""
+    found = {o for pair in re.findall(r"\[(-\w+|N/A) \| (--[\w-]+)\]", text) for o in pair if o != "N/A"}
+    return found | {f"s:{letter}" for letter in re.findall(r"(?m)^ {30}(\w) - ", text)}
+
+
+def test_help_offers_only_real_options_and_all_the_fake_takes(tmp_path):
+    state = h100_state()
+    _, out, _ = run(state, "-h", tmp_path=tmp_path)
+    real = (H100 / "h.txt").read_text()
+    assert out.splitlines()[0] == real.splitlines()[0]  # NVIDIA System Management Interface -- v580.159.04
+    mine = _help_options(out)
+    assert mine <= _help_options(real)
+    taken = {name.rstrip("=") for name in smi._MAIN_OPTIONS} - {"--help-query-gpu", "--help-query-compute-apps"}
+    assert taken <= mine | {"--query"} and "-q" in mine  # -q's long form is on -q's line
+    assert {"dmon", "pmon", "nvlink", "topo", "mig"} <= mine
+    assert "Tesla" not in out and "NVML C-based" not in out  # not NVIDIA's prose
+
+
+@pytest.mark.parametrize("tool", ["dmon", "pmon", "nvlink"])
+def test_subcommand_help(tmp_path, tool):
+    rc, out, _ = run(h100_state(), tool, "-h", tmp_path=tmp_path)
+    real = (H100 / f"{tool}-h.txt").read_text()
+    assert rc == 0 and f"Usage: nvidia-smi {tool} [options]" in out
+    mine = _bracket_options(out)
+    assert mine <= _bracket_options(real)
+    table = smi._NVLINK_OPTIONS if tool == "nvlink" else smi._MONITOR_OPTIONS[tool]
+    assert set(table) == {o for o in mine if o.startswith("-")}
+    if tool != "nvlink":
+        letters = smi._DMON_SELECT if tool == "dmon" else smi._PMON_SELECT
+        assert {o[2:] for o in mine if o.startswith("s:")} == set(letters) | {"D", "T"}  # -s and -o letters
+        default = r"--select\]:.*\[default=(\w+)\]"
+        assert re.findall(default, out) == re.findall(default, real)
+    assert "Tesla" not in out
+
+
+def _help_fields(text: str) -> dict[str, set[str]]:
+    """``"name" or "alias"`` lines of a --help-query-* text: name -> aliases."""
+    fields = {}
+    for line in text.splitlines():
+        names = re.fullmatch(r'"([^"]+)"((?: or "[^"]+")*)', line)
+        if names:
+            fields[names[1]] = set(re.findall(r'"([^"]+)"', names[2])) - {names[1]}
+    return fields
+
+
+@pytest.mark.parametrize("switch", ["--query-gpu", "--query-compute-apps"])
+def test_query_help_lists_real_fields_with_their_real_aliases(tmp_path, switch):
+    rc, out, _ = run(h100_state(), "--help" + switch[1:], tmp_path=tmp_path)
+    real = _help_fields((H100 / f"help{switch[1:]}.txt").read_text())
+    mine = _help_fields(out)
+    assert rc == 0 and out.splitlines()[0].endswith(f'"{switch}":')
+    assert set(mine) <= set(real)
+    assert {name: aliases for name, aliases in mine.items()} == {name: real[name] for name in mine}
+    query = smi._SELECTIVE[switch]
+    assert set(mine) == set(query.fields)  # the help is the field table
+    assert {a for aliases in mine.values() for a in aliases} == set(query.aliases)
+    # Every field answers, old names under their current ones.
+    rc, csv, _ = run(h100_state(busy=True), f"{switch}={','.join(mine)}", tmp_path=tmp_path)
+    assert rc == 0 and csv.splitlines()[0].split(", ")[:3] == [
+        f"{n} [{query.fields[n][0]}]" if query.fields[n][0] else n for n in list(mine)[:3]]
+    for name, aliases in mine.items():
+        for alias in aliases:
+            _, one, _ = run(h100_state(busy=True), f"{switch}={alias}", tmp_path=tmp_path)
+            assert one.splitlines()[0].split(" [")[0] == name
+
+
+# -- the rest of the widened surface ------------------------------------------------------------
+
+
+def test_xml_report_nests_mig_devices_and_processes(tmp_path):
+    import xml.etree.ElementTree as ET
+
+    state = smistate.build_state("h100-80gb", 2, "n", mig_layout="all-balanced")
+    gi = state["gpus"][0]["mig_devices"][0]["gi_id"]
+    state["gpus"][0]["processes"] = [{"pid": 99, "type": "C", "name": "infer & train", "used_memory_mib": 512,
+                                      "gi_id": gi, "ci_id": 0}]
+    rc, out, _ = run(state, "-x", "-q", tmp_path=tmp_path)
+    assert rc == 0
+    root = ET.fromstring(out.split("\n", 2)[2])  # after the declaration and DOCTYPE
+    gpus = root.findall("gpu")
+    assert [g.get("id") for g in gpus] == [g["bus_id"] for g in state["gpus"]]
+    devices = gpus[0].findall("mig_devices/mig_device")
+    migs = sorted(state["gpus"][0]["mig_devices"], key=lambda m: m["gi_id"])
+    assert [(d.findtext("gpu_instance_id"), d.findtext("device_attributes/shared/multiprocessor_count"))
+            for d in devices] == [(str(m["gi_id"]), str(m["sm"])) for m in migs]
+    proc = gpus[0].find("processes/process_info")
+    assert (proc.findtext("pid"), proc.findtext("process_name"), proc.findtext("used_memory")) == (
+        "99", "infer & train", "512 MiB")
+    assert gpus[1].find("processes/process_info") is None and gpus[1].find("processes") is not None
+    assert "\t</gpu>\n\n\t<gpu id=" in out and out.endswith("\t</gpu>\n\n</nvidia_smi_log>\n")
+    # -q shows the same process with its colon at 42, like the real report.
+    _, text, _ = run(state, "-q", "-d", "PIDS", "-i", "0", tmp_path=tmp_path)
+    assert "            Name                          : infer & train" in text.splitlines()
+
+
+def test_query_compute_apps_and_pmon_follow_the_processes(tmp_path, monkeypatch):
+    monkeypatch.setattr(smi.time, "sleep", lambda seconds: None)
+    state = smistate.build_state("h100-80gb", 2, "n")
+    state["gpus"][1].update(utilization_gpu=90, utilization_memory=54, processes=[
+        {"pid": 31, "type": "C", "name": "train", "used_memory_mib": 4096, "utilization": 60},
+        {"pid": 32, "type": "C", "name": "serve", "used_memory_mib": 1024, "utilization": 30}])
+    _, out, _ = run(state, "--query-compute-apps=gpu_name,pid,name,used_memory", "--format=csv,noheader,nounits",
+                    tmp_path=tmp_path)
+    assert out.splitlines() == ["NVIDIA H100 80GB HBM3, 31, train, 4096", "NVIDIA H100 80GB HBM3, 32, serve, 1024"]
+    _, out, _ = run(state, "pmon", "-c", "1", "-s", "um", tmp_path=tmp_path)
+    rows = [line.split() for line in out.splitlines()[2:]]
+    assert rows == [["0", "-", "-", "-", "-", "-", "-", "-", "-", "-", "-", "-"],
+                    ["1", "31", "C", "60", "36", "-", "-", "-", "-", "4096", "0", "train"],
+                    ["1", "32", "C", "30", "18", "-", "-", "-", "-", "1024", "0", "serve"]]
+    _, out, _ = run(state, "dmon", "-c", "2", "-s", "um", "-i", "1", tmp_path=tmp_path)
+    assert [line.split() for line in out.splitlines()[2:]] == [["1", "90", "54", "0", "0", "0", "0", "0", "1", "0"]] * 2
+
+
+def test_dmon_under_mig_prints_no_utilisation(tmp_path):
+    _, out, _ = run(smistate.build_state("a100-80gb", 1, "n", mig_layout="all-1g.10gb"), "dmon", "-c", "1",
+                    "-s", "u", tmp_path=tmp_path)
+    assert out.splitlines()[2].split() == ["0", "-", "-", "-", "-", "-", "-"]
+
+
+def test_nvlink_status_of_sxm_boards(tmp_path):
+    state = smistate.build_state("h100-80gb", 8, "n")
+    rc, out, _ = run(state, "nvlink", "-s", "-i", "2", tmp_path=tmp_path)
+    lines = out.splitlines()
+    assert rc == 0 and lines[0] == f"GPU 2: NVIDIA H100 80GB HBM3 (UUID: {state['gpus'][2]['uuid']})"
+    assert lines[1:] == [f"\t Link {n}: 26.562 GB/s" for n in range(18)]
+    _, out, _ = run(smistate.build_state("a100-80gb", 1, "n"), "nvlink", "--status", tmp_path=tmp_path)
+    assert out.splitlines()[1:] == [f"\t Link {n}: 25 GB/s" for n in range(12)]
+    _, out, _ = run(state, "nvlink", "-c", "-i", "0", "-l", "17", tmp_path=tmp_path)
+    assert out.splitlines()[1:3] == ["\t Link 17, P2P is supported: true",
+                                     "\t Link 17, Access to system memory supported: true"]
+    for quiet in (smistate.build_state("l4", 2, "n"), h100_state()):  # PCIe cards; a VM without NVLink peers
+        assert run(quiet, "nvlink", "-s", tmp_path=tmp_path)[:2] == (0, "")
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["-q", "-x", "-d", "MEMORY"], smi.MSG_D_WITH_X + "\n"),
+        (["-x"], smi.MSG_INVALID_ARGS + "\n"),
+        (["dmon", "-s", "z"], smi.MSG_INVALID_ARGS + "\n"),
+        (["pmon", "-s", "p"], smi.MSG_INVALID_ARGS + "\n"),
+        (["dmon", "-c", "0"], smi.MSG_INVALID_ARGS + "\n"),
+        (["nvlink", "-x"], smi.MSG_INVALID_ARGS + "\n"),
+        (["--query-compute-apps=pid,bogus"], 'Field "bogus" is not a valid field to query.\n\n'),
+    ],
+)
+def test_more_refused_command_lines(tmp_path, argv, expected):
+    assert run(smistate.build_state("h100-80gb", 1, "n"), *argv, tmp_path=tmp_path)[:2] == (2, expected)
+
+
+def test_topo_refuses_an_id_like_the_real_580(tmp_path):
+    rc, out, _ = run(smistate.build_state("h100-80gb", 2, "n"), "topo", "-m", "-i", "0", tmp_path=tmp_path)
+    assert (rc, out) == (255, "The -i command line argument must be used in conjunction with -n or -p.\n\n")
