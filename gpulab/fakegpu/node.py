@@ -314,11 +314,14 @@ class GpuNode:
         if not processes:
             return
         gis = {m["uuid"]: (m["gi_id"], m["ci_id"]) for m in gpu.get("mig_devices") or []}
+        # Each program's share of the GPU (pmon's sm), scaled as the GPU's utilisation is capped at 100.
+        scale = min(1.0, 100 / max(self.ledger.gpu_demand(uuid), 1))
         procs = []
         for owner, use, demand, name in self.ledger.processes(uuid):
             gi, ci = gis.get(use.pool, (None, None))
             procs.append({"pid": _pid(owner), "type": "C", "name": name, "used_memory_mib": demand.memory_mib,
-                          "gi_id": gi, "ci_id": ci})
+                          "gi_id": gi, "ci_id": ci,
+                          "utilization": round(demand.utilization * use.compute_fraction * scale)})
         gpu["processes"] = sorted(procs, key=lambda p: p["pid"])
 
     def refresh(self) -> None:

@@ -115,6 +115,7 @@ def build_state(
             "compute_mode": "Default",
             "clocks": _clock_dict(model.idle_clocks),
             "max_clocks": _clock_dict(model.max_clocks),
+            "min_graphics_clock_mhz": model.idle_clocks.graphics,  # an idle GPU runs at its lowest clocks
             "fabric": fabric,
             "mig_capable": model.mig_capable,
             "mig_mode": ("Enabled" if layout.mig_enabled else "Disabled") if model.mig_capable else None,

@@ -6,6 +6,7 @@ import io
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -291,16 +292,15 @@ def test_query_under_mig(tmp_path):
     ("argv", "words"),
     [
         (["--query-gpu=name,bogus", "--format=csv"], 'Field "bogus" is not a valid field to query.'),
-        (["--query-gpu=name", "--format=json"], "is not a valid format"),
+        (["--query-gpu=name", "--format=json"], "Format modifier is not recognized."),
         (["--format=csv"], "Invalid combination of input arguments"),
         (["--frobnicate"], "Invalid combination of input arguments"),
         (["-i"], "Invalid combination of input arguments"),
         (["-d", "MEMORY"], "Invalid combination of input arguments"),
-        (["-q", "-d", "GPUS"], "Invalid combination of input arguments"),
+        (["-q", "-d", "GPUS"], "Failed to parse --display/-d flags"),
         (["-l", "0"], "Invalid combination of input arguments"),
         (["mig", "-lci"], "Invalid combination of input arguments"),
         (["topo"], "Invalid combination of input arguments"),
-        (["topo", "-m", "-i", "0"], "Invalid combination of input arguments"),
     ],
 )
 def test_bad_command_lines_exit_2(tmp_path, argv, words):
@@ -478,9 +478,11 @@ def test_id_filter(tmp_path):
 
 @pytest.mark.parametrize("id_option", [["-i", "0"], ["--id=0"]])
 def test_list_refuses_an_id_like_the_real_580(tmp_path, id_option):
-    # Real 580: `nvidia-smi -L -i 0` prints this on stdout and exits 2.
+    # Real 580: `nvidia-smi -L -i 0` prints this on stdout and exits 2; it names the option as written
+    # (`--query-gpu=name -L`: "Option --query-gpu=name").
     rc, out, err = run(smistate.build_state("h200-141gb", 2, "n"), "-L", *id_option, tmp_path=tmp_path)
-    assert (rc, out, err) == (2, "ERROR: Option -i is not valid for this command.\n", "")
+    assert (rc, out, err) == (
+        2, f"ERROR: Option {id_option[0]} is not valid for this command. Please run 'nvidia-smi -h' for help.\n\n", "")
 
 
 # -- topo -m ----------------------------------------------------------------------------------
@@ -657,3 +659,260 @@ def test_script_entry_point(tmp_path):
     proc = subprocess.run([sys.executable, str(SCRIPT)], env=env, capture_output=True, text=True, timeout=30,
                           cwd=str(tmp_path))
     assert (proc.returncode, proc.stdout) == (6, "No devices were found\n")
+
+
+# -- the real H100 captures: every invocation of their index, numbers aside ---------------------
+
+H100 = REPO / "tests" / "fixtures" / "nvidia-h100"
+HELP_CAPTURES = {"h", "dmon-h", "pmon-h", "nvlink-h", "help-query-gpu", "help-query-compute-apps"}
+
+
+def h100_captures() -> list[tuple[str, int, list[str]]]:
+    """(file name, exit status, argv) of each line of the captures' index."""
+    rows = []
+    for line in (H100 / "index.tsv").read_text().splitlines():
+        if line.startswith("#") or not line.strip():
+            continue
+        name, status, invocation = line.split("\t")
+        argv = shlex.split(invocation)
+        assert argv[0] == "nvidia-smi"
+        rows.append((name, int(status), argv[1:]))
+    return rows
+
+
+def h100_state(busy: bool = False) -> dict:
+    """One H100 like the captured one: its identity and the VM's quirks read off its -x -q, no NVLink peers
+    (the VM shows none), and with ``busy`` the one CUDA program of the busy-* captures."""
+    xml = (H100 / "x-q.txt").read_text()
+
+    def tag(name: str) -> str:
+        return re.search(rf"<{name}>([^<]*)</{name}>", xml)[1]
+
+    state = smistate.build_state("h100-80gb", 1, "ref-node", timestamp=1_796_476_845)
+    gpu = state["gpus"][0]
+    gpu.update(
+        bus_id=re.search(r'<gpu id="([^"]+)">', xml)[1], uuid=tag("uuid"), serial=tag("serial"),
+        module_id=int(tag("module_id")), nvlinks=0, fabric={"state": tag("state"), "status": tag("status")},
+        vbios_version=tag("vbios_version"),
+        board_part_number=tag("board_part_number"), gpu_part_number=tag("gpu_part_number"),
+        inforom_image=tag("img_version"), display_attached=tag("display_attached") == "Yes",
+        virtualization_mode=tag("virtualization_mode"), cpu_affinity="0-15",
+        memory_power_draw_w=float(re.search(r"<gpu_memory_power_readings>\s*<average_power_draw>([\d.]+) W", xml)[1]),
+        supported_memory_clocks=[int(m) for m in re.findall(r"<value>(\d+) MHz</value>", xml)],
+        row_remapper_banks=int(tag("row_remapper_histogram_max").split()[0]),
+    )
+    if busy:
+        gpu.update(utilization_gpu=100, utilization_memory=10, memory_used_mib=3139, clocks=dict(gpu["max_clocks"]),
+                   processes=[{"pid": 670, "type": "C", "name": "python3", "used_memory_mib": 3130}])
+    return state
+
+
+_CTIME = re.compile(r"[A-Z][a-z]{2} [A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d \d{4}")
+_NUMBER = re.compile(r"(?<![A-Za-z0-9_])( *)\d+(?:\.\d+)?")
+
+
+def mask(text: str) -> str:
+    """``text`` with its numbers replaced by ``#``; labels, headers and layout kept.
+
+    A number is a digit run (with a decimal part) that does not continue a word, so
+    "H100", "GPU0", "bar1" and "P0" stay. Right-aligned columns keep their width: a number
+    with two or more blanks before it becomes blanks and one ``#`` as wide as both together
+    (dmon's "    695" and "     76" mask alike); after a single blank or none (a -q value,
+    a CSV cell, an XML element) it is one ``#``. ctime dates are one ``#`` as well.
+    """
+    def number(m: re.Match) -> str:
+        blanks = m[1]
+        return "#".rjust(len(m[0])) if len(blanks) >= 2 else blanks + "#"
+
+    return _NUMBER.sub(number, _CTIME.sub("#", text))
+
+
+def test_mask_keeps_labels_and_column_widths():
+    assert mask("    0     76     48 \n    0    695     68 \n") == "    #      #      # \n" * 2
+    assert mask("Total                : 81559 MiB\n") == mask("Total                : 0 MiB\n") == (
+        "Total                : # MiB\n")
+    assert mask("NVIDIA H100 80GB HBM3, GPU0, <bar1_memory_usage>, P0, 0x0000000000000001") == (
+        "NVIDIA H100 #GB HBM3, GPU0, <bar1_memory_usage>, P0, #x0000000000000001")
+    assert mask("Timestamp : Sat Dec  5 13:20:45 2026") == mask("Timestamp : Tue Nov 14 22:13:20 2023")
+
+
+@pytest.mark.parametrize(("name", "status", "argv"), h100_captures(), ids=lambda x: x if isinstance(x, str) else "")
+def test_the_h100_captures(tmp_path, monkeypatch, name, status, argv):
+    monkeypatch.setattr(smi.time, "sleep", lambda seconds: None)  # dmon/pmon samples
+    rc, out, err = run(h100_state(busy=name.startswith("busy-")), *argv, tmp_path=tmp_path)
+    assert (rc, err) == (status, "")
+    if name in HELP_CAPTURES:
+        return  # the fake writes its own help: test_help_* compare what it offers
+    assert mask(out) == mask((H100 / f"{name}.txt").read_text())
+
+
+# -- help: the fake's own words, the real tool's option and field names ---------------------------
+
+
+def _help_options(text: str) -> set[str]:
+    """Options of a top-level help (``-h,   --help``, ``--query-gpu``) and its subcommands (``dmon``)."""
+    found = set()
+    for line in text.splitlines():
+        m = re.match(r" {4}(?:(-\w+),? +| {6})?(--[\w-]+)", line)
+        if m:
+            found |= {o for o in m.groups() if o}
+        m = re.match(r" {4}([a-z][\w-]+) {2,}\S", line)
+        if m:
+            found.add(m[1])
+    return found
+
+
+def _bracket_options(text: str) -> set[str]:
+    """``[-i | --id]`` options of a subcommand's help, and its ``-s`` letters as ``s:x``."""
+    found = {o for pair in re.findall(r"\[(-\w+|N/A) \| (--[\w-]+)\]", text) for o in pair if o != "N/A"}
+    return found | {f"s:{letter}" for letter in re.findall(r"(?m)^ {30}(\w) - ", text)}
+
+
+def test_help_offers_only_real_options_and_all_the_fake_takes(tmp_path):
+    state = h100_state()
+    _, out, _ = run(state, "-h", tmp_path=tmp_path)
+    real = (H100 / "h.txt").read_text()
+    assert out.splitlines()[0] == real.splitlines()[0]  # NVIDIA System Management Interface -- v580.159.04
+    mine = _help_options(out)
+    assert mine <= _help_options(real)
+    taken = {name.rstrip("=") for name in smi._MAIN_OPTIONS} - {"--help-query-gpu", "--help-query-compute-apps"}
+    assert taken <= mine | {"--query"} and "-q" in mine  # -q's long form is on -q's line
+    assert {"dmon", "pmon", "nvlink", "topo", "mig"} <= mine
+    assert "Tesla" not in out and "NVML C-based" not in out  # not NVIDIA's prose
+
+
+@pytest.mark.parametrize("tool", ["dmon", "pmon", "nvlink"])
+def test_subcommand_help(tmp_path, tool):
+    rc, out, _ = run(h100_state(), tool, "-h", tmp_path=tmp_path)
+    real = (H100 / f"{tool}-h.txt").read_text()
+    assert rc == 0 and f"Usage: nvidia-smi {tool} [options]" in out
+    mine = _bracket_options(out)
+    assert mine <= _bracket_options(real)
+    table = smi._NVLINK_OPTIONS if tool == "nvlink" else smi._MONITOR_OPTIONS[tool]
+    assert set(table) == {o for o in mine if o.startswith("-")}
+    if tool != "nvlink":
+        letters = smi._DMON_SELECT if tool == "dmon" else smi._PMON_SELECT
+        assert {o[2:] for o in mine if o.startswith("s:")} == set(letters) | {"D", "T"}  # -s and -o letters
+        default = r"--select\]:.*\[default=(\w+)\]"
+        assert re.findall(default, out) == re.findall(default, real)
+    assert "Tesla" not in out
+
+
+def _help_fields(text: str) -> dict[str, set[str]]:
+    """``"name" or "alias"`` lines of a --help-query-* text: name -> aliases."""
+    fields = {}
+    for line in text.splitlines():
+        names = re.fullmatch(r'"([^"]+)"((?: or "[^"]+")*)', line)
+        if names:
+            fields[names[1]] = set(re.findall(r'"([^"]+)"', names[2])) - {names[1]}
+    return fields
+
+
+@pytest.mark.parametrize("switch", ["--query-gpu", "--query-compute-apps"])
+def test_query_help_lists_real_fields_with_their_real_aliases(tmp_path, switch):
+    rc, out, _ = run(h100_state(), "--help" + switch[1:], tmp_path=tmp_path)
+    real = _help_fields((H100 / f"help{switch[1:]}.txt").read_text())
+    mine = _help_fields(out)
+    assert rc == 0 and out.splitlines()[0].endswith(f'"{switch}":')
+    assert set(mine) <= set(real)
+    assert {name: aliases for name, aliases in mine.items()} == {name: real[name] for name in mine}
+    query = smi._SELECTIVE[switch]
+    assert set(mine) == set(query.fields)  # the help is the field table
+    assert {a for aliases in mine.values() for a in aliases} == set(query.aliases)
+    # Every field answers, old names under their current ones.
+    rc, csv, _ = run(h100_state(busy=True), f"{switch}={','.join(mine)}", tmp_path=tmp_path)
+    assert rc == 0 and csv.splitlines()[0].split(", ")[:3] == [
+        f"{n} [{query.fields[n][0]}]" if query.fields[n][0] else n for n in list(mine)[:3]]
+    for name, aliases in mine.items():
+        for alias in aliases:
+            _, one, _ = run(h100_state(busy=True), f"{switch}={alias}", tmp_path=tmp_path)
+            assert one.splitlines()[0].split(" [")[0] == name
+
+
+# -- the rest of the widened surface ------------------------------------------------------------
+
+
+def test_xml_report_nests_mig_devices_and_processes(tmp_path):
+    import xml.etree.ElementTree as ET
+
+    state = smistate.build_state("h100-80gb", 2, "n", mig_layout="all-balanced")
+    gi = state["gpus"][0]["mig_devices"][0]["gi_id"]
+    state["gpus"][0]["processes"] = [{"pid": 99, "type": "C", "name": "infer & train", "used_memory_mib": 512,
+                                      "gi_id": gi, "ci_id": 0}]
+    rc, out, _ = run(state, "-x", "-q", tmp_path=tmp_path)
+    assert rc == 0
+    root = ET.fromstring(out.split("\n", 2)[2])  # after the declaration and DOCTYPE
+    gpus = root.findall("gpu")
+    assert [g.get("id") for g in gpus] == [g["bus_id"] for g in state["gpus"]]
+    devices = gpus[0].findall("mig_devices/mig_device")
+    migs = sorted(state["gpus"][0]["mig_devices"], key=lambda m: m["gi_id"])
+    assert [(d.findtext("gpu_instance_id"), d.findtext("device_attributes/shared/multiprocessor_count"))
+            for d in devices] == [(str(m["gi_id"]), str(m["sm"])) for m in migs]
+    proc = gpus[0].find("processes/process_info")
+    assert (proc.findtext("pid"), proc.findtext("process_name"), proc.findtext("used_memory")) == (
+        "99", "infer & train", "512 MiB")
+    assert gpus[1].find("processes/process_info") is None and gpus[1].find("processes") is not None
+    assert "\t</gpu>\n\n\t<gpu id=" in out and out.endswith("\t</gpu>\n\n</nvidia_smi_log>\n")
+    # -q shows the same process with its colon at 42, like the real report.
+    _, text, _ = run(state, "-q", "-d", "PIDS", "-i", "0", tmp_path=tmp_path)
+    assert "            Name                          : infer & train" in text.splitlines()
+
+
+def test_query_compute_apps_and_pmon_follow_the_processes(tmp_path, monkeypatch):
+    monkeypatch.setattr(smi.time, "sleep", lambda seconds: None)
+    state = smistate.build_state("h100-80gb", 2, "n")
+    state["gpus"][1].update(utilization_gpu=90, utilization_memory=54, processes=[
+        {"pid": 31, "type": "C", "name": "train", "used_memory_mib": 4096, "utilization": 60},
+        {"pid": 32, "type": "C", "name": "serve", "used_memory_mib": 1024, "utilization": 30}])
+    _, out, _ = run(state, "--query-compute-apps=gpu_name,pid,name,used_memory", "--format=csv,noheader,nounits",
+                    tmp_path=tmp_path)
+    assert out.splitlines() == ["NVIDIA H100 80GB HBM3, 31, train, 4096", "NVIDIA H100 80GB HBM3, 32, serve, 1024"]
+    _, out, _ = run(state, "pmon", "-c", "1", "-s", "um", tmp_path=tmp_path)
+    rows = [line.split() for line in out.splitlines()[2:]]
+    assert rows == [["0", "-", "-", "-", "-", "-", "-", "-", "-", "-", "-", "-"],
+                    ["1", "31", "C", "60", "36", "-", "-", "-", "-", "4096", "0", "train"],
+                    ["1", "32", "C", "30", "18", "-", "-", "-", "-", "1024", "0", "serve"]]
+    _, out, _ = run(state, "dmon", "-c", "2", "-s", "um", "-i", "1", tmp_path=tmp_path)
+    assert [line.split() for line in out.splitlines()[2:]] == [["1", "90", "54", "0", "0", "0", "0", "0", "1", "0"]] * 2
+
+
+def test_dmon_under_mig_prints_no_utilisation(tmp_path):
+    _, out, _ = run(smistate.build_state("a100-80gb", 1, "n", mig_layout="all-1g.10gb"), "dmon", "-c", "1",
+                    "-s", "u", tmp_path=tmp_path)
+    assert out.splitlines()[2].split() == ["0", "-", "-", "-", "-", "-", "-"]
+
+
+def test_nvlink_status_of_sxm_boards(tmp_path):
+    state = smistate.build_state("h100-80gb", 8, "n")
+    rc, out, _ = run(state, "nvlink", "-s", "-i", "2", tmp_path=tmp_path)
+    lines = out.splitlines()
+    assert rc == 0 and lines[0] == f"GPU 2: NVIDIA H100 80GB HBM3 (UUID: {state['gpus'][2]['uuid']})"
+    assert lines[1:] == [f"\t Link {n}: 26.562 GB/s" for n in range(18)]
+    _, out, _ = run(smistate.build_state("a100-80gb", 1, "n"), "nvlink", "--status", tmp_path=tmp_path)
+    assert out.splitlines()[1:] == [f"\t Link {n}: 25 GB/s" for n in range(12)]
+    _, out, _ = run(state, "nvlink", "-c", "-i", "0", "-l", "17", tmp_path=tmp_path)
+    assert out.splitlines()[1:3] == ["\t Link 17, P2P is supported: true",
+                                     "\t Link 17, Access to system memory supported: true"]
+    for quiet in (smistate.build_state("l4", 2, "n"), h100_state()):  # PCIe cards; a VM without NVLink peers
+        assert run(quiet, "nvlink", "-s", tmp_path=tmp_path)[:2] == (0, "")
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["-q", "-x", "-d", "MEMORY"], smi.MSG_D_WITH_X + "\n"),
+        (["-x"], smi.MSG_INVALID_ARGS + "\n"),
+        (["dmon", "-s", "z"], smi.MSG_INVALID_ARGS + "\n"),
+        (["pmon", "-s", "p"], smi.MSG_INVALID_ARGS + "\n"),
+        (["dmon", "-c", "0"], smi.MSG_INVALID_ARGS + "\n"),
+        (["nvlink", "-x"], smi.MSG_INVALID_ARGS + "\n"),
+        (["--query-compute-apps=pid,bogus"], 'Field "bogus" is not a valid field to query.\n\n'),
+    ],
+)
+def test_more_refused_command_lines(tmp_path, argv, expected):
+    assert run(smistate.build_state("h100-80gb", 1, "n"), *argv, tmp_path=tmp_path)[:2] == (2, expected)
+
+
+def test_topo_refuses_an_id_like_the_real_580(tmp_path):
+    rc, out, _ = run(smistate.build_state("h100-80gb", 2, "n"), "topo", "-m", "-i", "0", tmp_path=tmp_path)
+    assert (rc, out) == (255, "The -i command line argument must be used in conjunction with -n or -p.\n\n")
