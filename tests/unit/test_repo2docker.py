@@ -34,6 +34,8 @@ DOCKERFILE = REPO / ".devcontainer" / "Dockerfile"
 # What postBuild builds into, relative to the Python environment that runs gpulab.
 IMAGE_BIN_DIR = "share/gpulab/bin"
 ACTIVATE = "etc/conda/activate.d/gpulab.sh"
+# The settings override that makes JupyterLab Chinese, where postBuild (and make install) put it.
+LAB_OVERRIDES = "share/jupyter/lab/settings/overrides.d/gpulab.json"
 
 
 # -- which files repo2docker reads ---------------------------------------------------
@@ -232,6 +234,8 @@ def test_postbuild_builds_into_the_environment_and_writes_its_activation(tmp_pat
     kept = subprocess.run(["bash", "-c", f'. "{script}"; echo "$GPULAB_BIN_DIR"'], capture_output=True, text=True,
                           env={"PATH": "/usr/bin:/bin", "GPULAB_BIN_DIR": "/elsewhere"}).stdout.strip()
     assert kept == "/elsewhere"
+    # JupyterLab's default language: the course's settings override, next to the environment's JupyterLab.
+    assert (prefix / LAB_OVERRIDES).read_text() == (REPO / "jupyterlab-overrides.json").read_text()
 
 
 def test_postbuild_with_gpulab_bin_dir_verifies_and_builds_nothing(tmp_path: Path) -> None:
@@ -248,7 +252,9 @@ def test_postbuild_with_gpulab_bin_dir_verifies_and_builds_nothing(tmp_path: Pat
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert (tmp_path / "calls.log").read_text().splitlines() == [
         f"build BIN_DIR={ready} CACHE= GOCACHE= HOME_="]
-    assert not (prefix / "share").exists() and not (prefix / "etc").exists()
+    assert not (prefix / IMAGE_BIN_DIR).exists() and not (prefix / "etc").exists()
+    # Only the settings override is written: an image with ready binaries is in Chinese too.
+    assert (prefix / LAB_OVERRIDES).read_text() == (REPO / "jupyterlab-overrides.json").read_text()
 
     (ready / "kwok").unlink()
     proc = _run([str(POSTBUILD)], tmp_path, prefix, GPULAB_BIN_DIR=str(ready))
