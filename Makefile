@@ -131,9 +131,10 @@ reset: build
 status:
 	$(BIN)/gpulab status
 
+# gpulab jupyter: JupyterLab whose terminals have gpulab, kubectl 1.37 and the cluster's KUBECONFIG, as a lesson has.
 lab: up
 	$(BIN)/gpulab build --background
-	$(BIN)/jupyter lab --ServerApp.ip=127.0.0.1 --ServerApp.port=$(JUPYTER_PORT) \
+	$(BIN)/gpulab jupyter --ServerApp.ip=127.0.0.1 --ServerApp.port=$(JUPYTER_PORT) \
 	    --ServerApp.root_dir=$(CURDIR) --LabApp.default_url=/lab/tree/notebooks \
 	    $(if $(filter 0,$(shell id -u)),--allow-root)
 

@@ -1,7 +1,8 @@
 """The learner's JupyterLab: in Chinese, the official zh-CN language pack made the default by the course's settings
-override (``make install``, postBuild).
+override (``make install``, postBuild); and ``gpulab jupyter`` (``make lab``), whose terminals have gpulab,
+kubectl 1.37 and the cluster's kubeconfig.
 
-tests/browser/test_first_hour_browser.py sees it in a real browser.
+tests/browser/test_first_hour_browser.py sees both in a real browser.
 """
 
 from __future__ import annotations
@@ -13,7 +14,10 @@ import tomllib
 from importlib import metadata
 from pathlib import Path
 
+from click.testing import CliRunner
 from packaging.requirements import Requirement
+
+from gpulab import cli
 
 REPO = Path(__file__).resolve().parents[2]
 OVERRIDES = REPO / "jupyterlab-overrides.json"
@@ -45,3 +49,38 @@ def test_make_install_puts_it_where_the_environments_jupyterlab_reads_overrides(
     # settings directory, which is <prefix>/share/jupyter/lab/settings.
     monkeypatch.delenv("JUPYTERLAB_DIR", raising=False)
     assert Path(LabApp().app_settings_dir) == (Path(sys.prefix) / INSTALLED).parent.parent.resolve()
+
+
+def _exec_of_gpulab_jupyter(monkeypatch, tmp_path, *args: str, **env: str) -> tuple[list[str], dict[str, str]]:
+    """What `gpulab jupyter ARGS` would exec: its argv and environment."""
+    execs = []
+    monkeypatch.setattr(cli.os, "execve", lambda exe, argv, environ: execs.append((exe, argv, environ)))
+    result = CliRunner().invoke(cli.main, ["jupyter", *args], env={"GPULAB_HOME": str(tmp_path), **env})
+    assert result.exit_code == 0, result.output
+    (exe, argv, environ), = execs
+    assert exe == sys.executable == argv[0]
+    return argv, environ
+
+
+def test_gpulab_jupyter_gives_jupyterlab_this_environments_bin_and_the_clusters_kubeconfig(monkeypatch, tmp_path):
+    bindir = str(Path(sys.executable).parent)
+    argv, env = _exec_of_gpulab_jupyter(monkeypatch, tmp_path, "--ServerApp.port=8899", "--no-browser",
+                                        PATH=f"/usr/bin:{bindir}:/bin", KUBECONFIG="/home/me/.kube/config",
+                                        SHELL="/bin/zsh")
+    assert argv[1:3] == ["-m", "jupyterlab"] and argv[-2:] == ["--ServerApp.port=8899", "--no-browser"]
+    # gpulab and kubectl 1.37 first, once; the cluster's kubeconfig (a learner's own is not the course's cluster).
+    assert env["PATH"] == f"{bindir}:/usr/bin:/bin"
+    assert (Path(bindir) / "gpulab").exists() and (Path(bindir) / "kubectl").exists()
+    assert env["KUBECONFIG"] == str(tmp_path / "cluster" / "kubeconfig")
+    # A terminal is the learner's shell, never a login shell whose /etc/profile would set PATH afresh.
+    setting = next(a for a in argv if a.startswith("--ServerApp.terminado_settings="))
+    assert json.loads(setting.split("=", 1)[1]) == {"shell_command": ["/bin/zsh"]}
+
+
+def test_gpulab_jupyter_follows_the_chosen_backend(monkeypatch, tmp_path):
+    from gpulab.cluster import backend
+
+    monkeypatch.setenv("GPULAB_HOME", str(tmp_path))
+    backend.choose("kind")
+    _argv, env = _exec_of_gpulab_jupyter(monkeypatch, tmp_path)
+    assert env["KUBECONFIG"] == str(tmp_path / "kind" / "kubeconfig") == str(backend.kubeconfig())
