@@ -4,7 +4,8 @@
 #   make test       everything CI checks: unit, cluster, notebook and browser tests, after installing
 #                   the test tools (BACKEND=kind: against a kind cluster; needs Docker, see README)
 #   make install    the learner's install only: .venv with gpulab and its kernel (the CJK font for Chinese
-#                   plot labels comes with it, as a Python package: no root needed); make lab runs it
+#                   plot labels comes with it, as a Python package: no root needed) and JupyterLab in
+#                   Chinese; make lab runs it
 #   make install-test   the test tools on top: pytest, nbval, playwright... and, as root or with sudo,
 #                   Debian's chromium and fonts-noto-cjk for tests/browser; make test and make test-* run it
 #   GPULAB_BIN_DIR=dir make lab   ready control-plane binaries instead of building them (no Go needed;
@@ -90,7 +91,14 @@ $(TEST_STAMP): $(STAMP)
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev]'
 	touch $(TEST_STAMP)
 
-install: $(STAMP)
+# JupyterLab's default language for the course is Chinese: the zh-CN language pack is a dependency, and this settings
+# override (in overrides.d/ of the environment's JupyterLab settings, beside any other package's) makes zh_CN the
+# default; a learner's own choice (设置 > 语言 / Settings > Language) still wins. postBuild installs it for images.
+LAB_OVERRIDES := $(VENV)/share/jupyter/lab/settings/overrides.d/gpulab.json
+$(LAB_OVERRIDES): jupyterlab-overrides.json
+	install -D -m 0644 $< $@
+
+install: $(STAMP) $(LAB_OVERRIDES)
 
 install-test: $(TEST_STAMP)
 	@# The browser test (tests/browser) drives JupyterLab in Debian's chromium; playwright cannot download one here.
@@ -123,9 +131,10 @@ reset: build
 status:
 	$(BIN)/gpulab status
 
+# gpulab jupyter: JupyterLab whose terminals have gpulab, kubectl 1.37 and the cluster's KUBECONFIG, as a lesson has.
 lab: up
 	$(BIN)/gpulab build --background
-	$(BIN)/jupyter lab --ServerApp.ip=127.0.0.1 --ServerApp.port=$(JUPYTER_PORT) \
+	$(BIN)/gpulab jupyter --ServerApp.ip=127.0.0.1 --ServerApp.port=$(JUPYTER_PORT) \
 	    --ServerApp.root_dir=$(CURDIR) --LabApp.default_url=/lab/tree/notebooks \
 	    $(if $(filter 0,$(shell id -u)),--allow-root)
 

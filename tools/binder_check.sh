@@ -11,16 +11,19 @@
 #             $GPULAB_BIN_DIR, else /opt/gpulab-bin); postBuild then verifies them
 #             instead of building (~12 minutes)
 #
-# Steps: postBuild; then start with a command that waits for start's background
-# `gpulab up` (its log, $GPULAB_HOME/up.log, ends "gpulab up exited with N") and
-# runs `gpulab status`. JUPYTERHUB_USER is set and the repository is outside the
-# fresh home, as on JupyterHub with `repo2docker --target-repo-dir`, so start's
-# copy of notebooks/ and labs/ into the home is checked as well. Prints the memory
-# (RSS) of the cluster's processes. Always ends with `gpulab down --purge` and
-# checks that nothing of the check is left running. Exit 0: all of it worked.
+# Steps: postBuild (and JupyterLab's settings override it writes into the environment);
+# then start with a command that waits for start's background `gpulab up` (its log,
+# $GPULAB_HOME/up.log, ends "gpulab up exited with N"), runs `gpulab status` and, as a
+# JupyterLab terminal of the server would, `kubectl get nodes` with start's KUBECONFIG.
+# JUPYTERHUB_USER is set and the repository is outside the fresh home, as on
+# JupyterHub with `repo2docker --target-repo-dir`, so start's copy of notebooks/ and
+# labs/ into the home is checked as well. Prints the memory (RSS) of the cluster's
+# processes. Always ends with `gpulab down --purge` and checks that nothing of the
+# check is left running. Exit 0: all of it worked.
 #
 # The Python environment is the checkout's .venv (GPULAB_CHECK_ENV_BIN=DIR: another
-# directory holding `gpulab`); USER must be able to run it.
+# directory holding `gpulab`); USER must be able to run it, and to write into it
+# (postBuild writes JupyterLab's settings override there, as into an image's).
 set -euo pipefail
 
 repo="$(cd "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/.." && pwd)"
@@ -108,6 +111,9 @@ directory such as /root?); give GPULAB_CHECK_ENV_BIN an environment $user can ru
 
 say "1/2 postBuild"
 as_user ./postBuild || fail "postBuild exited with $?"
+overrides="$env_bin/../share/jupyter/lab/settings/overrides.d/gpulab.json"
+cmp -s "$overrides" "$repo/jupyterlab-overrides.json" ||
+    fail "postBuild did not install jupyterlab-overrides.json as $overrides"
 
 # What start execs: wait for its background `gpulab up`, then check the cluster
 # and start's copy of the course into the home directory.
@@ -126,8 +132,12 @@ for f in notebooks/00-orientation.ipynb labs/01-gpu-pod-spec.ipynb manifests/top
 done
 grep -qx 'gpulab up exited with 0' "$log" || { echo "gpulab up did not succeed (see the log above)"; exit 1; }
 gpulab status
+# What a JupyterLab terminal of this server has: start's KUBECONFIG, the environment's kubectl 1.37.
+[ "${KUBECONFIG:-}" = "$(gpulab kubeconfig)" ] || { echo "start set KUBECONFIG=${KUBECONFIG:-}, not $(gpulab kubeconfig)"; exit 1; }
+kubectl version --client | grep -qF 'Client Version: v1.37.' || { echo "kubectl on PATH is not 1.37: $(command -v kubectl)"; exit 1; }
+kubectl get nodes
 EOF
-say "2/2 start, then: wait for the cluster, gpulab status"
+say "2/2 start, then: wait for the cluster, gpulab status, kubectl get nodes"
 started=$(date +%s)
 as_user ./start bash -c "$after_start" || fail "start, or the command it ran, exited with $?"
 say "start's cluster came up and gpulab status passed ($(($(date +%s) - started)) s after start)"

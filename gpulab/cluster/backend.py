@@ -9,6 +9,7 @@ assumes a backend. Without a remembered choice the backend is ``embedded``.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 from .. import paths
@@ -17,6 +18,10 @@ from .base import Cluster
 
 BACKENDS = ("embedded", "kind")
 DEFAULT = "embedded"
+#: What kubectl says when nothing answers at its kubeconfig's server: a stopped cluster (or an address from before
+#: the cluster last started). Lessons and labs follow it with what to run (gpulab.notebook.shell, grading.labkit).
+UNREACHABLE = re.compile(r"The connection to the server \S+ was refused|dial tcp \S+: connect: connection refused"
+                         r"|Unable to connect to the server")
 
 
 class BackendError(ValueError):

@@ -7,7 +7,8 @@ tests — and holds no answers. Copied (:data:`INCLUDED`, caches left behind):
 the lessons (``notebooks/``), the generated labs (``labs/``), ``manifests/``,
 ``quizzes/``, the package with the visible checks (``gpulab/``), the docs, the
 Makefile, ``pyproject.toml`` and ``constraints.txt``, repo2docker's files
-(``environment.yml``, ``apt.txt``, ``postBuild``, ``start``) and the dev
+(``environment.yml``, ``apt.txt``, ``postBuild``, ``start``), JupyterLab's settings
+override (``jupyterlab-overrides.json``: Chinese by default) and the dev
 container, ``images/`` (the kind backend), ``tools/`` and ``bench/`` (the
 Makefile's targets and the repo2docker tests use them), and the tests.
 
@@ -52,7 +53,8 @@ from .labsource import check_drift
 
 #: Top-level entries of the checkout a class receives; the first group must be there.
 REQUIRED = ("gpulab", "notebooks", "labs", "manifests", "quizzes", "tests", "README.md", "Makefile",
-            "pyproject.toml", "constraints.txt", "environment.yml", "apt.txt", "postBuild", "start")
+            "pyproject.toml", "constraints.txt", "environment.yml", "apt.txt", "postBuild", "start",
+            "jupyterlab-overrides.json")
 OPTIONAL = ("DEVELOPMENT.md", "BENCHMARKS.md", ".gitignore", ".gitattributes", ".devcontainer", "images", "tools",
             "bench")
 INCLUDED = REQUIRED + OPTIONAL

@@ -11,18 +11,21 @@ A lab's first code cells::
 
 :func:`begin` makes the kernel work the same by hand and under the grader:
 
-- by hand (no ``KUBECONFIG`` in the environment) it uses the local cluster's
-  kubeconfig, creates the lab's namespaces (``fresh=True`` deletes and
-  recreates them, so "Restart & Run All" starts clean) and points
-  ``KUBECONFIG`` at a copy whose default namespace is the lab's, so ``!kubectl``
-  cells need no ``-n``;
+- by hand (no ``KUBECONFIG`` in the environment, or the cluster's own, which
+  a kernel of ``gpulab jupyter`` inherits) it uses the local cluster's
+  kubeconfig, starts the cluster if it is not running (as a lesson's
+  ``setup()`` does, saying so line by line), creates the lab's namespaces
+  (``fresh=True`` deletes and recreates them, so "Restart & Run All" starts
+  clean) and points ``KUBECONFIG`` at a copy whose default namespace is the
+  lab's, so ``!kubectl`` cells need no ``-n``;
 - under ``gpulab check`` / ``gpulab grade`` the grader has already created the
   namespaces and passes a kubeconfig for a namespace-scoped identity; nothing
   is created, and a command the identity may not run fails as it would for a
   team member on a shared cluster.
 
 Helpers: :func:`kubectl` (prints ``$ kubectl …`` and the output, raises
-:class:`KubectlFailed` on error), :func:`try_kubectl` (for commands that are
+:class:`KubectlFailed` on error; kubectl's "connection … refused" comes with
+what to run), :func:`try_kubectl` (for commands that are
 *supposed* to be rejected: returns the outcome instead), :func:`kubectl_json`,
 :func:`manifest` / :func:`show` (lab files under ``manifests/labs/``),
 :func:`wait_until`, :func:`record` (values for the grader) and :func:`check`
@@ -49,7 +52,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpulab import _poll, marks, paths
+from gpulab import _poll, i18n, marks, paths
 from gpulab.cluster import backend
 from gpulab.grading.record import record
 
@@ -130,18 +133,26 @@ def _split(command: str | Sequence[str]) -> list[str]:
     return args
 
 
+UNREACHABLE_NOTE = ("gpulab：kubectl 连不上集群，因为集群没有在运行。重新运行笔记本开头调用 begin(...) 的单元格"
+                    "（它会启动集群），或者在终端里运行 `gpulab up`；然后再运行这一格。")
+
+
 def kubectl(command: str | Sequence[str], *, input: str | None = None, namespace: str | None = None,
             quiet: bool = False, timeout: float = 120) -> str:
     """Run ``kubectl <command>`` in the lab's namespace (unless ``-n``/``-A`` is given); return its output."""
     args = _with_namespace(_split(command), namespace)
     shown = "kubectl " + " ".join(shlex.quote(a) for a in args)
     code, out = _run(args, input, timeout)
+    # By hand, kubectl's connection error comes with what to run (under the grader the cluster is the grader's).
+    note = UNREACHABLE_NOTE if backend.UNREACHABLE.search(out) and not (_lab and _lab.graded) else ""
     if not quiet:
         print(f"$ {shown}")
         if out:
             print(out, end="" if out.endswith("\n") else "\n")
+        if note:
+            print(f"⚠ {note}")
     if code != 0:
-        raise KubectlFailed(shown, out, code)
+        raise KubectlFailed(shown, f"{out.rstrip()}\n{note}" if note else out, code)
     return Output(out)
 
 
@@ -215,6 +226,32 @@ def _ensure_namespace(name: str, fresh: bool) -> bool:
     return True
 
 
+def _start_cluster(admin: Path) -> None:
+    """By hand: start the local cluster unless it answers, saying so as a lesson's ``setup()`` does.
+
+    Started rather than reported, for the reason :mod:`gpulab.notebook.lesson` gives: the cell the learner ran
+    does what the lab needs. The backend is loaded only when the cluster does not answer (a lab kernel starts
+    fast).
+    """
+    if admin.exists() and _run(["--kubeconfig", str(admin), "get", "--raw=/readyz"], timeout=30)[0] == 0:
+        return
+    from gpulab.cluster.base import ClusterError
+    from gpulab.cluster.binaries import BinaryError
+    from gpulab.kube.topology import TopologyError
+
+    cluster = backend.current()
+    if cluster.is_up():
+        return
+    os.environ["LANGUAGE"] = i18n.CHINESE  # bring-up's lines in Chinese, as in a lesson
+    first = not cluster.exists()
+    print("集群没有在运行，现在启动它" + ("（第一次启动若要编译控制面，需要几分钟）" if first else "") + "……", flush=True)
+    try:
+        print(cluster.up(say=lambda m: print(f"  {m}", flush=True)), flush=True)
+    except (ClusterError, BinaryError, TopologyError) as e:
+        raise RuntimeError(f"集群没能启动：{e}\n按上面的说明处理之后，在终端里运行 `gpulab up` 确认集群能启动，"
+                           "再重新运行这个单元格。") from None
+
+
 def begin(namespace: str, extra: Sequence[str] = (), fresh: bool = True) -> Lab:
     """Get the kernel ready for a lab in ``namespace`` (and ``<namespace>-<suffix>`` for each of ``extra``)."""
     global _lab
@@ -222,14 +259,15 @@ def begin(namespace: str, extra: Sequence[str] = (), fresh: bool = True) -> Lab:
     if bindir not in os.environ.get("PATH", "").split(os.pathsep):
         os.environ["PATH"] = os.pathsep.join(p for p in (bindir, os.environ.get("PATH", "")) if p)
     given = os.environ.get("KUBECONFIG")
-    if given and Path(given).parent == paths.home() / "labs":
-        given = None  # our own copy, from running this cell before: start over as by hand
+    admin = backend.kubeconfig()
+    if given and (Path(given).parent == paths.home() / "labs" or Path(given) == admin):
+        # Our own copy, from running this cell before, or the cluster's own kubeconfig, which `gpulab jupyter`
+        # (make lab) and start give JupyterLab's terminals and kernels: start over as by hand.
+        given = None
     if given:
         config = given
     else:
-        admin = backend.kubeconfig()
-        if not admin.exists():
-            raise RuntimeError("本地集群还没有创建：先在终端运行 `gpulab up`（或 `make up`），再重新运行这个单元格。")
+        _start_cluster(admin)
         config = str(_namespaced_copy(admin, namespace))
         os.environ["KUBECONFIG"] = config
     _lab = Lab(namespace, Path(tempfile.gettempdir()) / f"gpulab-{namespace}", graded=False, kubeconfig=config)

@@ -16,6 +16,15 @@
   clean state: its namespace is deleted and created again, and the node
   labels and taints it declares are put back to the topology's values.
 
+A stopped cluster is started, not merely reported: the cell a learner just ran
+does what the lesson needs, without a trip to a terminal for ``gpulab up`` and
+back (the first hour works from JupyterLab alone). Bring-up takes seconds
+(BENCHMARKS.md) and says what it does, line by line, in Chinese; the first one
+on a machine says that building the control plane may take minutes. When it
+cannot start (no user namespaces, no ``nft``, ...), the cell fails with
+``gpulab up``'s own explanation and what to run. A ``sh("kubectl ...")`` that
+meets a cluster stopped later says what to run too (:mod:`gpulab.notebook.shell`).
+
 ``lab.reset()`` (or :func:`reset_lesson`) at the end of a notebook undoes the
 same things, so notebooks run in any order. ``with setup(...) as lab:`` does
 it on exit, for scripts. The way back itself is :mod:`gpulab.cluster.baseline`'s.
@@ -38,8 +47,10 @@ from kubernetes.config import kube_config
 
 from .. import i18n, paths
 from ..cluster import baseline
-from ..cluster.base import Cluster
+from ..cluster.base import Cluster, ClusterError
+from ..cluster.binaries import BinaryError
 from ..kube import api
+from ..kube.topology import TopologyError
 from . import quantity
 from .shell import REPO
 from .wait import wait_for
@@ -250,7 +261,11 @@ def setup(lesson: str, *, namespace: str | None = None, node_labels: Sequence[st
             raise RuntimeError("集群没有在运行：在终端里执行 `gpulab up`（或 `make up`）后再运行本格。")
         first = not cluster.exists()
         _say("集群没有在运行，现在启动它" + ("（第一次启动若要编译控制面，需要几分钟）" if first else "") + "……")
-        _say(cluster.up(say=lambda m: _say(f"  {m}")))
+        try:
+            _say(cluster.up(say=lambda m: _say(f"  {m}")))
+        except (ClusterError, BinaryError, TopologyError) as e:
+            raise RuntimeError(f"集群没能启动：{e}\n按上面的说明处理之后，在终端里运行 `gpulab up` 确认集群能启动，"
+                               "再重新运行本格。") from None
     lab = Lab(lesson, namespace or f"lesson-{lesson.split('-', 1)[0]}", cluster, node_labels, node_taints,
               extra_namespaces, gpu_stack)
     # Before the nodes are waited for: a killed grader may have left the GPUs unreported (a driver fault).

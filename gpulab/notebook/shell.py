@@ -3,6 +3,9 @@
 ``sh`` is how a lesson runs ``kubectl``, ``gpulab`` and pipes; unlike a
 ``!cmd`` cell it fails the cell when the command fails. ``REPO`` is the
 directory every command (and every manifest path) is relative to.
+
+kubectl's "The connection to the server 127.0.0.1:… was refused" never stands
+alone: ``sh`` follows it with what to run (:func:`_unreachable_note`).
 """
 
 from __future__ import annotations
@@ -29,9 +32,26 @@ class Output(str):
 class CommandFailed(RuntimeError):
     """Raised by :func:`sh` when a command exits non-zero and ``check`` is true."""
 
-    def __init__(self, cmd: str, returncode: int, output: str):
+    def __init__(self, cmd: str, returncode: int, output: str, note: str | None = None):
         self.cmd, self.returncode, self.output = cmd, returncode, output
-        super().__init__(f"命令失败（退出码 {returncode}）：{cmd}")
+        super().__init__(f"命令失败（退出码 {returncode}）：{cmd}" + (f"\n{note}" if note else ""))
+
+
+def _unreachable_note(output: str) -> str | None:
+    """What to run when ``output`` has kubectl's connection error (a stopped cluster, or an old address); else None."""
+    from ..cluster import backend
+
+    if not backend.UNREACHABLE.search(output):
+        return None
+    try:
+        up = backend.current().is_up()
+    except backend.BackendError:
+        up = False
+    if up:  # the cluster started again on another port since this notebook's setup() wrote its kubeconfig
+        return ("gpulab：集群在运行，但 kubectl 还在连集群上次启动时的地址。"
+                "重新运行本 notebook 的第一个代码格（setup()），再运行这一格。")
+    return ("gpulab：kubectl 连不上集群，因为集群没有在运行。重新运行本 notebook 的第一个代码格"
+            "（setup() 会启动集群并显示进度），或者在终端里运行 `gpulab up`；然后再运行这一格。")
 
 
 def have(program: str) -> bool:
@@ -82,6 +102,9 @@ def sh(cmd: str, check: bool = True, timeout: float = 120, echo: bool = True, qu
         print("".join(lines[-tail:]), end="", flush=True)
     if timed_out.is_set():
         raise TimeoutError(f"命令 {timeout:g} 秒还没结束，已终止：{cmd}")
+    note = _unreachable_note(out)
+    if note and not quiet:
+        print(f"⚠ {note}", flush=True)
     if check and proc.returncode != 0:
-        raise CommandFailed(cmd, proc.returncode, out)
+        raise CommandFailed(cmd, proc.returncode, out, note)
     return Output(out)

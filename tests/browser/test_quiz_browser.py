@@ -33,6 +33,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
 
 import nbformat
@@ -120,23 +121,28 @@ def quiet_settings(settings: Path) -> None:
 
 
 class JupyterLab:
-    """A JupyterLab server of the test's own; :meth:`stop` always ends it (and its kernels)."""
+    """A JupyterLab server of the test's own; :meth:`stop` always ends it (and its kernels).
 
-    def __init__(self, root: Path, work: Path):
+    ``command`` starts JupyterLab with this interpreter (``-m gpulab.cli jupyter``: as ``make lab`` does), ``args``
+    and ``env`` go on top of the test's own; terminals are off unless ``terminals``.
+    """
+
+    def __init__(self, root: Path, work: Path, command: Sequence[str] = ("-m", "jupyter", "lab"),
+                 args: Sequence[str] = (), env: dict[str, str] | None = None, terminals: bool = False):
         self.port = free_port()
         self.token = secrets.token_hex(16)
         self.log_path = work / "jupyterlab.log"
-        env = dict(os.environ,
-                   GPULAB_HOME=str(work / "gpulab-home"),
-                   JUPYTERLAB_SETTINGS_DIR=str(work / "lab-settings"),
-                   JUPYTERLAB_WORKSPACES_DIR=str(work / "lab-workspaces"),
-                   JUPYTER_RUNTIME_DIR=str(work / "runtime"),
-                   PYTHONDONTWRITEBYTECODE="1")
+        env = {**os.environ,
+               "GPULAB_HOME": str(work / "gpulab-home"),
+               "JUPYTERLAB_SETTINGS_DIR": str(work / "lab-settings"),
+               "JUPYTERLAB_WORKSPACES_DIR": str(work / "lab-workspaces"),
+               "JUPYTER_RUNTIME_DIR": str(work / "runtime"),
+               "PYTHONDONTWRITEBYTECODE": "1", **(env or {})}
         quiet_settings(work / "lab-settings")
-        cmd = [sys.executable, "-m", "jupyter", "lab", "--no-browser",
+        cmd = [sys.executable, *command, "--no-browser",
                "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={self.port}", "--ServerApp.port_retries=0",
                f"--IdentityProvider.token={self.token}", f"--ServerApp.root_dir={root}",
-               "--LabApp.news_url=", "--ServerApp.terminals_enabled=False"]
+               "--LabApp.news_url=", *([] if terminals else ["--ServerApp.terminals_enabled=False"]), *args]
         if os.geteuid() == 0:
             cmd.append("--allow-root")
         self._log = self.log_path.open("w")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import importlib
-import os
 import stat
 import sys
 import types
@@ -64,14 +63,6 @@ def test_manifest_paths_are_absolute_and_checked():
     assert path.is_absolute() and path.exists()
     with pytest.raises(FileNotFoundError, match="manifests/labs/nope.yaml"):
         labkit.manifest("nope.yaml")
-
-
-def test_begin_without_a_cluster_says_how_to_start_one(tmp_path, monkeypatch):
-    monkeypatch.delenv("KUBECONFIG", raising=False)
-    monkeypatch.setenv("GPULAB_HOME", str(tmp_path))
-    monkeypatch.setenv("PATH", os.environ.get("PATH", ""))  # begin() may prepend to it
-    with pytest.raises(RuntimeError, match="gpulab up"):
-        labkit.begin("lab-01")
 
 
 # --------------------------------------------------------------------------- check(): the in-notebook self-check

@@ -34,6 +34,8 @@ DOCKERFILE = REPO / ".devcontainer" / "Dockerfile"
 # What postBuild builds into, relative to the Python environment that runs gpulab.
 IMAGE_BIN_DIR = "share/gpulab/bin"
 ACTIVATE = "etc/conda/activate.d/gpulab.sh"
+# The settings override that makes JupyterLab Chinese, where postBuild (and make install) put it.
+LAB_OVERRIDES = "share/jupyter/lab/settings/overrides.d/gpulab.json"
 
 
 # -- which files repo2docker reads ---------------------------------------------------
@@ -161,7 +163,9 @@ def test_scripts_are_kept_lf_for_windows_checkouts() -> None:
 # -- postBuild and start: run against a fake gpulab ------------------------------------------
 
 FAKE_GPULAB = r"""#!/usr/bin/env bash
-# A stand-in for `gpulab build` / `gpulab up`: records each call, builds nothing.
+# A stand-in for `gpulab build` / `gpulab up`: records each call, builds nothing; and for `gpulab kubeconfig`
+# (a question, not recorded).
+if [ "$1" = kubeconfig ]; then echo "$GPULAB_HOME/cluster/kubeconfig"; exit 0; fi
 echo "$* BIN_DIR=${GPULAB_BIN_DIR:-} CACHE=${GPULAB_CACHE:-} GOCACHE=${GOCACHE:-} HOME_=${GPULAB_HOME:-}" >>"$FAKE_LOG"
 required=(%(required)s)
 crds=(%(crds)s)
@@ -232,6 +236,8 @@ def test_postbuild_builds_into_the_environment_and_writes_its_activation(tmp_pat
     kept = subprocess.run(["bash", "-c", f'. "{script}"; echo "$GPULAB_BIN_DIR"'], capture_output=True, text=True,
                           env={"PATH": "/usr/bin:/bin", "GPULAB_BIN_DIR": "/elsewhere"}).stdout.strip()
     assert kept == "/elsewhere"
+    # JupyterLab's default language: the course's settings override, next to the environment's JupyterLab.
+    assert (prefix / LAB_OVERRIDES).read_text() == (REPO / "jupyterlab-overrides.json").read_text()
 
 
 def test_postbuild_with_gpulab_bin_dir_verifies_and_builds_nothing(tmp_path: Path) -> None:
@@ -248,7 +254,9 @@ def test_postbuild_with_gpulab_bin_dir_verifies_and_builds_nothing(tmp_path: Pat
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert (tmp_path / "calls.log").read_text().splitlines() == [
         f"build BIN_DIR={ready} CACHE= GOCACHE= HOME_="]
-    assert not (prefix / "share").exists() and not (prefix / "etc").exists()
+    assert not (prefix / IMAGE_BIN_DIR).exists() and not (prefix / "etc").exists()
+    # Only the settings override is written: an image with ready binaries is in Chinese too.
+    assert (prefix / LAB_OVERRIDES).read_text() == (REPO / "jupyterlab-overrides.json").read_text()
 
     (ready / "kwok").unlink()
     proc = _run([str(POSTBUILD)], tmp_path, prefix, GPULAB_BIN_DIR=str(ready))
@@ -256,7 +264,8 @@ def test_postbuild_with_gpulab_bin_dir_verifies_and_builds_nothing(tmp_path: Pat
 
 
 WAIT_FOR_UP = ('for i in $(seq 300); do grep -q "^gpulab up exited with" "$GPULAB_HOME/up.log" 2>/dev/null && break; '
-               'sleep 0.1; done; cat "$GPULAB_HOME/up.log"; echo "BIN_DIR=${GPULAB_BIN_DIR:-}"; echo "PWD=$(pwd)"')
+               'sleep 0.1; done; cat "$GPULAB_HOME/up.log"; echo "BIN_DIR=${GPULAB_BIN_DIR:-}"; echo "PWD=$(pwd)"; '
+               'echo "KUBECONFIG=${KUBECONFIG:-}"')
 
 
 def test_start_brings_the_cluster_up_in_the_background_then_execs(tmp_path: Path) -> None:
@@ -273,6 +282,8 @@ def test_start_brings_the_cluster_up_in_the_background_then_execs(tmp_path: Path
     assert (home / ".gpulab" / "up.log").is_file()
     assert f"PWD={REPO}" in out  # not on JupyterHub: the server starts where the image put it
     assert not (home / "notebooks").exists()
+    # The server (and so its terminals) has the cluster's kubeconfig.
+    assert f"KUBECONFIG={home}/.gpulab/cluster/kubeconfig\n" in out
 
 
 def test_start_reports_a_failed_up_and_still_starts_the_server(tmp_path: Path) -> None:
@@ -284,8 +295,9 @@ def test_start_reports_a_failed_up_and_still_starts_the_server(tmp_path: Path) -
 
 def test_start_without_autostart_or_gpulab_only_starts_the_server(tmp_path: Path) -> None:
     prefix = _fake_env(tmp_path)
-    proc = _run([str(START), "true"], tmp_path, prefix, GPULAB_AUTOSTART="0")
+    proc = _run([str(START), "bash", "-c", 'echo "KUBECONFIG=$KUBECONFIG"'], tmp_path, prefix, GPULAB_AUTOSTART="0")
     assert proc.returncode == 0 and not (tmp_path / "calls.log").exists()
+    assert proc.stdout == f"KUBECONFIG={tmp_path}/home/.gpulab/cluster/kubeconfig\n"  # the terminals' all the same
     proc = _run([str(START), "echo", "served"], tmp_path, tmp_path / "no-env")
     assert proc.returncode == 0 and proc.stdout == "served\n", proc.stderr
 
