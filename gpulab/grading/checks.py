@@ -138,6 +138,19 @@ def ratio(satisfied: int, total: int, problems: Sequence[str], ok_message: str =
     return CheckResult(max(0, satisfied) / total, "；".join(problems) if problems else "部分要求没有满足。")
 
 
+def judge_diagnosis(answer: Any, truth: str, names: Mapping[str, str], hints: Mapping[tuple[str, str], str], *,
+                    field: str, wrong: str, default_hint: str) -> CheckResult:
+    """A learner's diagnosis of which part broke (a layer, a link of a pipeline): full marks when ``answer`` names
+    ``truth``; otherwise what they named, in ``wrong`` (``{name}``: its name in ``names``), and the hint for that
+    mix-up (``hints[(answer, truth)]``, else ``default_hint``), which points at what to look at, never at the answer.
+    ``field``: the recorded value's name, for an answer that is none of ``names``."""
+    if answer not in names:
+        return failed(f"{field} 应该是 {', '.join(names)} 之一。")
+    if answer == truth:
+        return passed()
+    return failed(wrong.format(name=names[answer]) + hints.get((answer, truth), default_hint))
+
+
 class MissingValue(KeyError):
     """Raised by :meth:`Context.value` when the notebook did not record ``name``."""
 

@@ -19,6 +19,7 @@ from gpulab.grading.checks import (
     dig,
     failed,
     group_by_kind,
+    judge_diagnosis,
     load_hidden_checks,
     load_lab_checks,
     partial,
@@ -255,3 +256,14 @@ def test_helpers():
     assert [quantity_int(v) for v in ("2", 2, 2.0, "0.5", 0.5, True, "1Gi")] == [2, 2, 2, None, None, None, None]
     grouped = group_by_kind([{"kind": "List", "items": [{"kind": "Pod"}, {"kind": "Pod"}]}, {"kind": "Job"}])
     assert {k: len(v) for k, v in grouped.items()} == {"Pod": 2, "Job": 1}
+
+
+def test_a_diagnosis_passes_on_the_broken_part_and_otherwise_says_what_was_named_with_the_mix_ups_hint():
+    names = {"a": "甲层", "b": "乙层"}
+    hints = {("a", "b"): "看看乙层的日志。"}
+    kw = dict(field="broken_layer", wrong="坏的不是「{name}」这一层。", default_hint="逐层核对。")
+    assert judge_diagnosis("b", "b", names, hints, **kw).fraction == 1.0
+    wrong = judge_diagnosis("a", "b", names, hints, **kw)
+    assert (wrong.fraction, wrong.message) == (0.0, "坏的不是「甲层」这一层。看看乙层的日志。")
+    assert judge_diagnosis("b", "a", names, hints, **kw).message == "坏的不是「乙层」这一层。逐层核对。"
+    assert judge_diagnosis("c", "a", names, hints, **kw).message == "broken_layer 应该是 a, b 之一。"

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from gpulab.grading import fixtures
 from gpulab.grading.checks import (
-    Context, allocatable_by_node, check, containers, dig, failed, partial, passed, quantity_int, ratio,
+    Context, allocatable_by_node, check, containers, dig, failed, judge_diagnosis, partial, passed, quantity_int, ratio,
 )
 from gpulab.grading.fixtures import broken_layer as fixture
 
@@ -169,14 +169,9 @@ def broken_layer(ctx: Context):
     fault = injected(ctx)
     if fault is None:
         return _no_fault()
-    answer = ctx.value("broken_layer")
-    if answer not in LAYERS:
-        return failed(f"broken_layer 应该是 {', '.join(LAYERS)} 之一。")
-    truth = fault["layer"]
-    if answer == truth:
-        return passed()
-    hint = _LAYER_HINTS.get((answer, truth), "从最底层往上逐层核对：每一层正常时该是什么样子，哪一层最先不对？")
-    return failed(f"坏的不是「{LAYER_NAMES[answer]}」这一层。{hint}")
+    return judge_diagnosis(ctx.value("broken_layer"), fault["layer"], LAYER_NAMES, _LAYER_HINTS,
+                           field="broken_layer", wrong="坏的不是「{name}」这一层。",
+                           default_hint="从最底层往上逐层核对：每一层正常时该是什么样子，哪一层最先不对？")
 
 
 @check("evidence", points=3, title="记下能证明这一层坏了的输出")

@@ -22,7 +22,7 @@ from __future__ import annotations
 import yaml
 
 from gpulab.grading import fixtures
-from gpulab.grading.checks import Context, check, dig, failed, partial, passed, ratio
+from gpulab.grading.checks import Context, check, dig, failed, judge_diagnosis, partial, passed, ratio
 from gpulab.grading.fixtures import broken_pipeline as fixture
 from gpulab.kube.names import MONITORING_NAMESPACE
 
@@ -74,14 +74,9 @@ def broken_link(ctx: Context):
     fault = injected(ctx)
     if fault is None:
         return _no_fault()
-    answer = ctx.value("broken_link")
-    if answer not in LINKS:
-        return failed(f"broken_link 应该是 {', '.join(LINKS)} 之一。")
-    truth = fault["link"]
-    if answer == truth:
-        return passed()
-    hint = _LINK_HINTS.get((answer, truth), "从 HPA 这一端往回，一环一环核对：每一环正常时该看到什么？")
-    return failed(f"断的不是「{LINK_NAMES[answer]}」这一环。{hint}")
+    return judge_diagnosis(ctx.value("broken_link"), fault["link"], LINK_NAMES, _LINK_HINTS,
+                           field="broken_link", wrong="断的不是「{name}」这一环。",
+                           default_hint="从 HPA 这一端往回，一环一环核对：每一环正常时该看到什么？")
 
 
 @check("evidence", points=2, title="引用配置里改错的那一行")
