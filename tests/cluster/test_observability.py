@@ -17,7 +17,9 @@ from helpers import wait_for
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpulab import usage
+from gpulab.cluster import addons
 from gpulab.fakegpu import dcgm, load
+from gpulab.kube.names import MONITORING
 
 pytestmark = pytest.mark.cluster
 
@@ -113,8 +115,10 @@ def test_a_critical_pod_preempts_batch_work_and_usage_names_the_preemptor(kube, 
         wait_gpus_free(kube, timeout=90)
 
 
-def test_gpulab_report_without_the_monitoring_add_on_says_to_install_it(kube, tmp_path):
-    assert kube.get("Service", "prometheus", "monitoring") is None
+def test_gpulab_report_without_the_monitoring_add_on_says_to_install_it(kube, cluster, tmp_path):
+    # Without the add-on: a module before this one on the same cluster (lesson 07, lab 09) may have installed it.
+    addons.delete(cluster.kubeconfig, MONITORING, lambda _m: None)
+    wait_for(lambda: kube.get("Service", "prometheus", "monitoring") is None, 60, what="the add-on's Service gone")
     out = subprocess.run([sys.executable, "-m", "gpulab.cli", "report", "--since", "5m", "--out", str(tmp_path / "r")],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 1 and out.stdout == ""
