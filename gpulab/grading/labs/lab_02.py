@@ -31,7 +31,6 @@ CELL_TIMEOUT = 60
 TIMEOUT = 150
 
 GPU = fixtures.GPU
-INJECTED = fixtures.INJECTED
 TEST_POD = "gpu-check"
 
 #: The layers a learner may name, bottom up (and the fault that breaks each: the fixture's).
@@ -50,11 +49,6 @@ SYMPTOMS = ("Insufficient nvidia.com/gpu", "allocatable", "Allocatable", '"nvidi
 
 
 # --------------------------------------------------------------------------- checks
-
-
-def injected(ctx: Context) -> dict | None:
-    found = ctx.objects(INJECTED)
-    return found[0] if found else None
 
 
 def labelled_gpus(ctx: Context) -> dict[str, int]:
@@ -106,7 +100,7 @@ def gpu_per_node(ctx: Context):
 
 @check("broken-node", points=1, title="找出 GPU 栈坏了的节点")
 def broken_node(ctx: Context):
-    fault = injected(ctx)
+    fault = fixtures.injected_record(ctx)
     if fault is None:
         return _no_fault()
     answer = ctx.value("broken_node")
@@ -131,7 +125,7 @@ def pinned_node(pod: dict) -> str | None:
 @check("test-pod", points=2, title="用测试 Pod 在可疑节点上跑 nvidia-smi")
 def test_pod(ctx: Context):
     pod = ctx.require("Pod", TEST_POD, ctx.namespace)
-    fault = injected(ctx)
+    fault = fixtures.injected_record(ctx)
     problems, score = [], 0
     main = containers(pod)
     if any("nvidia-smi" in " ".join((c.get("command") or []) + (c.get("args") or [])) for c in main):
@@ -166,7 +160,7 @@ _LAYER_HINTS = {
 
 @check("broken-layer", points=4, title="找出坏掉的是哪一层")
 def broken_layer(ctx: Context):
-    fault = injected(ctx)
+    fault = fixtures.injected_record(ctx)
     if fault is None:
         return _no_fault()
     return judge_diagnosis(ctx.value("broken_layer"), fault["layer"], LAYER_NAMES, _LAYER_HINTS,
@@ -176,7 +170,7 @@ def broken_layer(ctx: Context):
 
 @check("evidence", points=3, title="记下能证明这一层坏了的输出")
 def evidence(ctx: Context):
-    fault = injected(ctx)
+    fault = fixtures.injected_record(ctx)
     if fault is None:
         return _no_fault()
     text = ctx.value("evidence")

@@ -48,7 +48,6 @@ CELL_TIMEOUT = 60
 TIMEOUT = 150
 
 GPU = fixtures.GPU
-INJECTED = fixtures.INJECTED
 SYMPTOMS = ("train", "infer", "dev-notebook")
 CAUSES = ("gpu-unhealthy", "device-plugin-down", "gpus-in-use", "untolerated-taint", "selector-mismatch",
           "cuda-driver-too-old", "no-devices")

@@ -39,18 +39,12 @@ GPUS_FREE = 2
 CELL_TIMEOUT = 240
 TIMEOUT = 600
 
-INJECTED = fixtures.INJECTED
 HPA, DEPLOYMENT, METRIC = "llm", "llm", "DCGM_FI_DEV_GPU_UTIL"
 LINKS = fixture.LINKS
 LINK_NAMES = {"scrape-target": "Prometheus 的抓取目标", "series-labels": "序列的标签",
               "adapter-rule": "prometheus-adapter 的规则"}
 
 SETUP, TEARDOWN, COLLECT = fixture.setup, fixture.teardown, fixture.collect
-
-
-def injected(ctx: Context) -> dict | None:
-    found = ctx.objects(INJECTED)
-    return found[0] if found else None
 
 
 def _no_fault():
@@ -71,7 +65,7 @@ _LINK_HINTS = {
 
 @check("broken-link", points=3, title="从 HPA 往回查，找出断的是哪一环")
 def broken_link(ctx: Context):
-    fault = injected(ctx)
+    fault = fixtures.injected_record(ctx)
     if fault is None:
         return _no_fault()
     return judge_diagnosis(ctx.value("broken_link"), fault["link"], LINK_NAMES, _LINK_HINTS,
@@ -81,7 +75,7 @@ def broken_link(ctx: Context):
 
 @check("evidence", points=2, title="引用配置里改错的那一行")
 def evidence(ctx: Context):
-    fault = injected(ctx)
+    fault = fixtures.injected_record(ctx)
     if fault is None:
         return _no_fault()
     text = ctx.value("evidence")
@@ -118,7 +112,7 @@ def _differences(live, want, path: str = "") -> list[str]:
 @check("config-as-installed", points=2, title="修好的配置：坏掉的那处改回安装时的样子，别的不动")
 def config_as_installed(ctx: Context):
     """Outcome: the broken ConfigMap at the end of the run, parsed, against the installed configuration."""
-    fault = injected(ctx)
+    fault = fixtures.injected_record(ctx)
     if fault is None:
         return _no_fault()
     name, key = fault["configmap"], fault["key"]
