@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -167,15 +166,17 @@ def kubectl(args: tuple[str, ...]) -> None:
 def jupyter(args: tuple[str, ...]) -> None:
     """Start JupyterLab for the course (`make lab` runs it): its terminals have gpulab, kubectl 1.37 and the cluster."""
     # What JupyterLab starts inherits its environment: this environment's bin first on PATH (gpulab, kubectl 1.37),
-    # KUBECONFIG at the cluster's kubeconfig (its path is known before the cluster is up). A terminal is $SHELL
-    # itself: left alone, JupyterLab starts a login shell when its output is not a terminal (`make lab > log`), and
-    # a login shell's /etc/profile sets PATH afresh (Debian's does), without the bin.
+    # KUBECONFIG at the cluster's kubeconfig (its path is known before the cluster is up). Its terminals are plain
+    # bash, by the course's server config (jupyter-config/, as the image's `start` sets it too): left alone,
+    # JupyterLab starts a login shell when its output is not a terminal (`make lab > log`), and a login shell's
+    # /etc/profile sets PATH afresh (Debian's does), without the bin.
     bindir = str(Path(sys.executable).parent)
     path = [bindir, *(p for p in os.environ.get("PATH", "").split(os.pathsep) if p and p != bindir)]
-    env = dict(os.environ, PATH=os.pathsep.join(path), KUBECONFIG=str(backend.kubeconfig()))
-    shell = os.environ.get("SHELL") or shutil.which("bash") or "/bin/sh"
-    terminals = "--ServerApp.terminado_settings=" + json.dumps({"shell_command": [shell]})
-    os.execve(sys.executable, [sys.executable, "-m", "jupyterlab", terminals, *args], env)
+    config = [str(paths.jupyter_config()), *(p for p in os.environ.get("JUPYTER_CONFIG_PATH", "").split(os.pathsep)
+                                             if p and p != str(paths.jupyter_config()))]
+    env = dict(os.environ, PATH=os.pathsep.join(path), KUBECONFIG=str(backend.kubeconfig()),
+               JUPYTER_CONFIG_PATH=os.pathsep.join(config))
+    os.execve(sys.executable, [sys.executable, "-m", "jupyterlab", *args], env)
 
 
 @main.command(name="versions")

@@ -21,6 +21,24 @@ def home() -> Path:
     return Path(os.environ.get("GPULAB_HOME") or Path.home() / ".gpulab").expanduser()
 
 
+def shown(path: Path | str) -> str:
+    """``path`` as a message shows it, short and pasteable into a shell.
+
+    Under ``$GPULAB_HOME`` (when it is set) as ``$GPULAB_HOME/…``; under the home directory as ``~/…``;
+    otherwise as it is. A lesson run under a temporary ``GPULAB_HOME`` then prints the same text every time.
+    """
+    path = Path(path)
+    for root, name in ((os.environ.get("GPULAB_HOME"), "$GPULAB_HOME"), (str(Path.home()), "~")):
+        if not root:
+            continue
+        root_path = Path(root).expanduser()
+        if path == root_path:
+            return name
+        if path.is_relative_to(root_path):
+            return f"{name}/{path.relative_to(root_path)}"
+    return str(path)
+
+
 def cache() -> Path:
     if os.environ.get("GPULAB_CACHE"):
         return Path(os.environ["GPULAB_CACHE"]).expanduser()
@@ -41,6 +59,11 @@ def kind_dir() -> Path:
 def repo_root() -> Path:
     """The checkout this package was imported from (manifests, notebooks, labs)."""
     return Path(__file__).resolve().parent.parent
+
+
+def jupyter_config() -> Path:
+    """The course's Jupyter server config (its terminals are non-login bash), first on ``JUPYTER_CONFIG_PATH``."""
+    return repo_root() / "jupyter-config"
 
 
 def manifests() -> Path:

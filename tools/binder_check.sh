@@ -13,8 +13,8 @@
 #
 # Steps: postBuild (and JupyterLab's settings override it writes into the environment);
 # then start with a command that waits for start's background `gpulab up` (its log,
-# $GPULAB_HOME/up.log, ends "gpulab up exited with N"), runs `gpulab status` and, as a
-# JupyterLab terminal of the server would, `kubectl get nodes` with start's KUBECONFIG.
+# $GPULAB_HOME/up.log, ends "gpulab up exited with N"), runs `gpulab status` and, in the
+# shell the server's config gives its terminals, `kubectl get nodes` with start's KUBECONFIG.
 # JUPYTERHUB_USER is set and the repository is outside the fresh home, as on
 # JupyterHub with `repo2docker --target-repo-dir`, so start's copy of notebooks/ and
 # labs/ into the home is checked as well. Prints the memory (RSS) of the cluster's
@@ -132,10 +132,18 @@ for f in notebooks/00-orientation.ipynb labs/01-gpu-pod-spec.ipynb manifests/top
 done
 grep -qx 'gpulab up exited with 0' "$log" || { echo "gpulab up did not succeed (see the log above)"; exit 1; }
 gpulab status
-# What a JupyterLab terminal of this server has: start's KUBECONFIG, the environment's kubectl 1.37.
+# What a JupyterLab terminal of this server runs: the shell the server's config (start's JUPYTER_CONFIG_PATH) names,
+# never a login shell, in the server's environment: start's KUBECONFIG, the environment's gpulab and kubectl 1.37.
+terminal="$(python -c 'from jupyter_server.serverapp import ServerApp
+app = ServerApp()
+app.load_config_file()
+print(" ".join(app.terminado_settings.get("shell_command") or ["(the default: $SHELL -l)"]))')"
+[ "$terminal" = /bin/bash ] || { echo "the server's terminals would run $terminal, not /bin/bash"; exit 1; }
+echo "a terminal runs: $terminal"
+$terminal -c '
 [ "${KUBECONFIG:-}" = "$(gpulab kubeconfig)" ] || { echo "start set KUBECONFIG=${KUBECONFIG:-}, not $(gpulab kubeconfig)"; exit 1; }
-kubectl version --client | grep -qF 'Client Version: v1.37.' || { echo "kubectl on PATH is not 1.37: $(command -v kubectl)"; exit 1; }
-kubectl get nodes
+kubectl version --client | grep -qF "Client Version: v1.37." || { echo "kubectl on PATH is not 1.37: $(command -v kubectl)"; exit 1; }
+kubectl get nodes'
 EOF
 say "2/2 start, then: wait for the cluster, gpulab status, kubectl get nodes"
 started=$(date +%s)

@@ -22,6 +22,8 @@ DEFAULT = "embedded"
 #: the cluster last started). Lessons and labs follow it with what to run (gpulab.notebook.shell, grading.labkit).
 UNREACHABLE = re.compile(r"The connection to the server \S+ was refused|dial tcp \S+: connect: connection refused"
                          r"|Unable to connect to the server")
+#: What the official Python client (urllib3 under it) says in the same case.
+CLIENT_UNREACHABLE = re.compile(r"Connection refused|Failed to establish a new connection")
 
 
 class BackendError(ValueError):
@@ -84,3 +86,43 @@ def state_dir(name: str | None = None) -> Path:
 def kubeconfig() -> Path:
     """The admin kubeconfig of the chosen backend's cluster (it may not exist yet)."""
     return StateDir(state_dir()).kubeconfig
+
+
+def unreachable_note(first_cell: str, who: str = "kubectl") -> str:
+    """What a learner runs when ``who`` (kubectl, the Python client) cannot reach the cluster.
+
+    ``first_cell`` names the notebook's cell that starts the cluster (a lesson's ``setup()``, a lab's
+    ``begin(...)``). Lessons and labs are read in Chinese, so the note is too.
+    """
+    try:
+        up = current().is_up()
+    except BackendError:
+        up = False
+    if up:  # the cluster started again on another port since the notebook wrote its kubeconfig
+        return f"gpulab：集群在运行，但 {who} 还在连集群上次启动时的地址。重新运行{first_cell}，再运行这一格。"
+    return (f"gpulab：{who} 连不上集群，因为集群没有在运行。重新运行{first_cell}（它会启动集群并显示进度），"
+            "或者在终端里运行 `gpulab up`；然后再运行这一格。")
+
+
+def explain_client_errors(first_cell: str) -> None:
+    """In a notebook's kernel: the official client's "connection refused" traceback ends with what to run.
+
+    The note is added to the exception (PEP 678), so IPython shows it under the traceback; the cell still fails.
+    Outside IPython (a script, the grader's checks) nothing changes.
+    """
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return
+    shell = get_ipython()
+    if shell is None:
+        return
+    import urllib3
+
+    def handler(shell, etype, value, tb, tb_offset=None):
+        if CLIENT_UNREACHABLE.search(str(value)) and not getattr(value, "__notes__", None):
+            value.add_note(f"⚠ {unreachable_note(first_cell, who='Python 客户端')}")
+        shell.showtraceback((etype, value, tb), tb_offset=tb_offset)
+        return None
+
+    shell.set_custom_exc((urllib3.exceptions.MaxRetryError,), handler)

@@ -154,13 +154,13 @@ class EmbeddedCluster(StateDir):
                 raise ClusterError(_(
                     "a cluster with topology {topology} already exists in {path}; "
                     "`gpulab reset --topology FILE` switches topologies (it wipes the cluster's objects), "
-                    "or `gpulab down --purge` deletes it", topology=stored, path=self.root))
+                    "or `gpulab down --purge` deletes it", topology=stored, path=paths.shown(self.root)))
         else:
             topo = load_topology(state.get("topology"))
         running = self.running()
         wanted = components()
         if set(running) == set(wanted):
-            return _("cluster already running ({n} nodes); kubeconfig: {path}", n=len(topo.nodes), path=self.kubeconfig)
+            return _("cluster already running ({n} nodes); kubeconfig: {path}", n=len(topo.nodes), path=paths.shown(self.kubeconfig))
         if "node-agent" not in running:
             # Before anything starts: pods need a sandbox, and this says why there is none and what to do.
             try:
@@ -237,7 +237,7 @@ class EmbeddedCluster(StateDir):
             raise
         took = time.monotonic() - started
         return _("cluster up in {seconds:.1f} s: {n} nodes Ready ({gpu_nodes} with GPUs); kubeconfig: {path}",
-                 seconds=took, n=len(topo.nodes), gpu_nodes=len(topo.gpu_nodes), path=self.kubeconfig)
+                 seconds=took, n=len(topo.nodes), gpu_nodes=len(topo.gpu_nodes), path=paths.shown(self.kubeconfig))
 
     def status(self) -> dict[str, Any]:
         """What `gpulab status` shows: every component up (its pid) or down, each node's GPUs."""
@@ -461,11 +461,11 @@ class EmbeddedCluster(StateDir):
 
             remove_socket_dirs(self.root)
             remove_tree(self.root)
-            return _("cluster stopped and deleted ({path})", path=self.root)
+            return _("cluster stopped and deleted ({path})", path=paths.shown(self.root))
         if not stopped:
             return _("no cluster processes were running")
         return _("stopped {components}; state kept in {path} (`gpulab up` resumes it)",
-                 components=", ".join(stopped), path=self.root)
+                 components=", ".join(stopped), path=paths.shown(self.root))
 
     def _stop_leftovers(self, say: Say) -> None:
         """Stop what outlives the cluster's components, once they are stopped: whatever stops the cluster

@@ -365,7 +365,7 @@ class KindCluster(StateDir):
         if self.name in existing:
             self._export_kubeconfig(kind_exe)
             self._install_stack(docker_exe, kind_exe, topo, say)
-            return f"kind cluster {self.name!r} already exists ({len(topo.nodes)} nodes); kubeconfig: {self.kubeconfig}"
+            return f"kind cluster {self.name!r} already exists ({len(topo.nodes)} nodes); kubeconfig: {paths.shown(self.kubeconfig)}"
         self.root.mkdir(parents=True, exist_ok=True)
         self.config_file.write_text(config_yaml(topo, self.name))
         say(f"creating kind cluster {self.name!r}: {len(topo.nodes)} workers from topology {topo.name!r} "
@@ -376,7 +376,7 @@ class KindCluster(StateDir):
         self._save_state({"backend": "kind", "name": self.name, "topology": str(topo.source.resolve())})
         self._install_stack(docker_exe, kind_exe, topo, say)
         return (f"kind cluster {self.name!r} up in {time.monotonic() - started:.0f} s: {len(topo.nodes)} nodes "
-                f"({len(topo.gpu_nodes)} with GPUs); kubeconfig: {self.kubeconfig}")
+                f"({len(topo.gpu_nodes)} with GPUs); kubeconfig: {paths.shown(self.kubeconfig)}")
 
     def _export_kubeconfig(self, kind_exe: str) -> None:
         self.root.mkdir(parents=True, exist_ok=True)

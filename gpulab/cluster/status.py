@@ -12,6 +12,7 @@ from typing import Any
 
 from kubernetes.utils import parse_quantity
 
+from .. import paths
 from ..i18n import _, pad
 from ..kube import api
 from ..kube.names import ALLOCATED_DEVICES_ANNOTATION
@@ -103,8 +104,8 @@ def collect(cluster: Cluster, components: tuple[str, ...]) -> dict[str, Any]:
 def render(st: dict[str, Any]) -> str:
     if not st["exists"]:
         return _("no cluster yet: `gpulab up` creates one")
-    lines = [_("backend: {backend}   state: {path}", backend=st["backend"], path=st["dir"]),
-             _("kubeconfig: {path}", path=st["kubeconfig"]), ""]
+    lines = [_("backend: {backend}   state: {path}", backend=st["backend"], path=paths.shown(st["dir"])),
+             _("kubeconfig: {path}", path=paths.shown(st["kubeconfig"])), ""]
     lines.append(" ".join((pad(_("COMPONENT"), 25), pad(_("STATE"), 7), _("PID"))))
     for name, c in st["components"].items():
         lines.append(f"{name:<25} {c['state']:<7} {c.get('pid', '')}")

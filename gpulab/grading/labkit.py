@@ -133,8 +133,8 @@ def _split(command: str | Sequence[str]) -> list[str]:
     return args
 
 
-UNREACHABLE_NOTE = ("gpulab：kubectl 连不上集群，因为集群没有在运行。重新运行笔记本开头调用 begin(...) 的单元格"
-                    "（它会启动集群），或者在终端里运行 `gpulab up`；然后再运行这一格。")
+#: The cell that starts the cluster, as a lab's notes name it.
+FIRST_CELL = "笔记本开头调用 begin(...) 的单元格"
 
 
 def kubectl(command: str | Sequence[str], *, input: str | None = None, namespace: str | None = None,
@@ -144,7 +144,8 @@ def kubectl(command: str | Sequence[str], *, input: str | None = None, namespace
     shown = "kubectl " + " ".join(shlex.quote(a) for a in args)
     code, out = _run(args, input, timeout)
     # By hand, kubectl's connection error comes with what to run (under the grader the cluster is the grader's).
-    note = UNREACHABLE_NOTE if backend.UNREACHABLE.search(out) and not (_lab and _lab.graded) else ""
+    note = (backend.unreachable_note(FIRST_CELL) if backend.UNREACHABLE.search(out) and not (_lab and _lab.graded)
+            else "")
     if not quiet:
         print(f"$ {shown}")
         if out:
@@ -271,6 +272,8 @@ def begin(namespace: str, extra: Sequence[str] = (), fresh: bool = True) -> Lab:
         config = str(_namespaced_copy(admin, namespace))
         os.environ["KUBECONFIG"] = config
     _lab = Lab(namespace, Path(tempfile.gettempdir()) / f"gpulab-{namespace}", graded=False, kubeconfig=config)
+    if not given:  # by hand: the client's "connection refused" says what to run (a graded run's cluster is the grader's)
+        backend.explain_client_errors(FIRST_CELL)
     names = [namespace, *(f"{namespace}-{s}" for s in extra)]
     managed = [_ensure_namespace(n, fresh and not given) for n in names]
     # A graded run's identity may not even read namespaces: the grader made them.

@@ -52,7 +52,7 @@ from ..cluster.binaries import BinaryError
 from ..kube import api
 from ..kube.topology import TopologyError
 from . import quantity
-from .shell import REPO
+from .shell import FIRST_CELL, REPO
 from .wait import wait_for
 
 __all__ = ["Lab", "Changes", "setup", "reset_lesson", "current", "LESSON_LABEL", "GPU_PREFIX"]
@@ -286,6 +286,7 @@ def setup(lesson: str, *, namespace: str | None = None, node_labels: Sequence[st
     # too, so a lesson's plain config.load_kube_config() reads the same file kubectl does.
     kube_config.KUBE_CONFIG_DEFAULT_LOCATION = str(lab.kubeconfig)
     _lab = lab
+    backend.explain_client_errors(FIRST_CELL)
     gpus = sum(n.gpu_count for n in topo.nodes)
     _say(f"✓ 集群就绪：{len(topo.nodes)} 个节点（{len(topo.gpu_nodes)} 个 GPU 节点，共 {gpus} 张卡）；"
          f"kubectl 默认命名空间：{lab.namespace}")

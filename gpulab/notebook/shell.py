@@ -37,21 +37,15 @@ class CommandFailed(RuntimeError):
         super().__init__(f"命令失败（退出码 {returncode}）：{cmd}" + (f"\n{note}" if note else ""))
 
 
+#: The cell that starts the cluster, as a lesson's notes name it.
+FIRST_CELL = "本 notebook 的第一个代码格 setup()"
+
+
 def _unreachable_note(output: str) -> str | None:
     """What to run when ``output`` has kubectl's connection error (a stopped cluster, or an old address); else None."""
     from ..cluster import backend
 
-    if not backend.UNREACHABLE.search(output):
-        return None
-    try:
-        up = backend.current().is_up()
-    except backend.BackendError:
-        up = False
-    if up:  # the cluster started again on another port since this notebook's setup() wrote its kubeconfig
-        return ("gpulab：集群在运行，但 kubectl 还在连集群上次启动时的地址。"
-                "重新运行本 notebook 的第一个代码格（setup()），再运行这一格。")
-    return ("gpulab：kubectl 连不上集群，因为集群没有在运行。重新运行本 notebook 的第一个代码格"
-            "（setup() 会启动集群并显示进度），或者在终端里运行 `gpulab up`；然后再运行这一格。")
+    return backend.unreachable_note(FIRST_CELL) if backend.UNREACHABLE.search(output) else None
 
 
 def have(program: str) -> bool:

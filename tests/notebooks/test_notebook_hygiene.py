@@ -340,6 +340,31 @@ def test_outputs_show_no_object_reprs(notebook):
                        "end the cell in what the learner should see, or in ';'")
 
 
+#: A path of the machine that ran the notebook, different on every run: a temporary directory.
+TEMPORARY_PATH = re.compile(r"(?<![\w.$~-])/(?:tmp|var/tmp|var/folders|private/var/folders)/\S*")
+
+
+def temporary_paths(nb) -> list[str]:
+    """``cell: path`` for each code cell whose outputs (or echoed commands) show a temporary path."""
+    found = []
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type != "code":
+            continue
+        text = "".join("".join(out.get("text", "")) + "".join((out.get("data") or {}).get("text/plain", ""))
+                       for out in cell.get("outputs", []))
+        match = TEMPORARY_PATH.search(text)
+        if match:
+            found.append(f"{i}: {match.group(0)}")
+    return found
+
+
+def test_outputs_show_no_temporary_paths(notebook):
+    found = temporary_paths(nbformat.read(notebook, as_version=4))
+    assert not found, (f"{notebook.name} shows a temporary path (different on every run, meaningless to the "
+                       f"learner) in cells {'; '.join(found)}: name it by a variable ($GPULAB_HOME, $NODE_ROOT) or "
+                       "a relative path")
+
+
 # The same checks on synthetic notebooks: each bites, and passes on a good one.
 
 def _synthetic(setup_source: str, *outputs: str, sources: tuple[str, ...] = (), run: dict | None = None):
@@ -445,3 +470,13 @@ def test_object_reprs_are_found():
                                                   data={"text/plain": "[{'metadata': {'name': 'x'}}]"})]
     nb.cells[4].outputs = [nbformat.v4.new_output("stream", name="stdout", text="['printed on purpose']\n")]
     assert object_reprs(nb) == ["1", "3"]
+
+
+def test_temporary_paths_are_found():
+    nb = _synthetic("lab = setup('00-x')", sources=("sh('ls -l $NODE_ROOT/var/lib/kubelet/device-plugins/')",
+                                                    "sh('gpulab up')", "sh('cat /etc/os-release')"))
+    nb.cells[1].outputs = [nbformat.v4.new_output("stream", name="stdout", text="srwxr-xr-x 1 u u 0 kubelet.sock\n")]
+    nb.cells[2].outputs = [nbformat.v4.new_output("stream", name="stdout",
+                                                  text="集群已启动；kubeconfig：/tmp/gpulab-03-fupq87e7/cluster/kubeconfig\n")]
+    nb.cells[3].outputs = [nbformat.v4.new_output("stream", name="stdout", text="see $GPULAB_HOME/tmp/x, ./tmp/y\n")]
+    assert temporary_paths(nb) == ["2: /tmp/gpulab-03-fupq87e7/cluster/kubeconfig"]

@@ -1,4 +1,4 @@
-"""EmbeddedCluster's file-system preparation (no processes started)."""
+"""EmbeddedCluster's file-system preparation (no processes started), and how messages show its paths."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from gpulab import paths
 from gpulab.cluster import embedded
 from gpulab.cluster.embedded import EmbeddedCluster
 
@@ -35,3 +36,13 @@ def test_non_root_changes_nothing(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setattr(embedded.os, "geteuid", lambda: 1000)
     EmbeddedCluster(home / "cluster")._make_reachable(lambda _m: pytest.fail("nothing to say"))
     assert stat.S_IMODE(home.stat().st_mode) == 0o700
+
+
+def test_messages_show_paths_under_gpulab_home_or_the_home_directory_short(tmp_path, monkeypatch):
+    monkeypatch.setenv("GPULAB_HOME", str(tmp_path / "gl"))
+    assert paths.shown(tmp_path / "gl" / "cluster" / "kubeconfig") == "$GPULAB_HOME/cluster/kubeconfig"
+    assert paths.shown(tmp_path / "gl") == "$GPULAB_HOME"
+    assert paths.shown(Path.home() / ".gpulab" / "cluster") == "~/.gpulab/cluster"
+    assert paths.shown("/opt/elsewhere/kubeconfig") == "/opt/elsewhere/kubeconfig"
+    monkeypatch.delenv("GPULAB_HOME")
+    assert paths.shown(paths.home() / "cluster") == "~/.gpulab/cluster"

@@ -1,6 +1,6 @@
 """The learner's JupyterLab: in Chinese, the official zh-CN language pack made the default by the course's settings
-override (``make install``, postBuild); and ``gpulab jupyter`` (``make lab``), whose terminals have gpulab,
-kubectl 1.37 and the cluster's kubeconfig.
+override (``make install``, postBuild); and ``gpulab jupyter`` (``make lab``), whose terminals (plain bash, by
+the course's server config in jupyter-config/) have gpulab, kubectl 1.37 and the cluster's kubeconfig.
 
 tests/browser/test_first_hour_browser.py sees both in a real browser.
 """
@@ -72,9 +72,29 @@ def test_gpulab_jupyter_gives_jupyterlab_this_environments_bin_and_the_clusters_
     assert env["PATH"] == f"{bindir}:/usr/bin:/bin"
     assert (Path(bindir) / "gpulab").exists() and (Path(bindir) / "kubectl").exists()
     assert env["KUBECONFIG"] == str(tmp_path / "cluster" / "kubeconfig")
-    # A terminal is the learner's shell, never a login shell whose /etc/profile would set PATH afresh.
-    setting = next(a for a in argv if a.startswith("--ServerApp.terminado_settings="))
-    assert json.loads(setting.split("=", 1)[1]) == {"shell_command": ["/bin/zsh"]}
+    # Its terminals' shell comes from the course's server config (next test), not from a flag.
+    assert not any(a.startswith("--ServerApp.terminado_settings") for a in argv)
+
+
+def test_the_servers_terminals_are_plain_bash_with_the_servers_environment(monkeypatch, tmp_path):
+    """Left alone, a server whose output is not a terminal starts `$SHELL -l`, and a login shell's /etc/profile
+    may set PATH afresh (Debian's does). `gpulab jupyter` (and the image's start, tests/unit/test_repo2docker.py)
+    put the course's server config first on JUPYTER_CONFIG_PATH: every terminal is a plain bash, which inherits
+    the server's PATH and KUBECONFIG."""
+    from jupyter_server.serverapp import ServerApp
+
+    _argv, env = _exec_of_gpulab_jupyter(monkeypatch, tmp_path, JUPYTER_CONFIG_PATH="/site/jupyter")
+    assert env["JUPYTER_CONFIG_PATH"] == f"{REPO / 'jupyter-config'}:/site/jupyter"
+    monkeypatch.setenv("JUPYTER_CONFIG_DIR", str(tmp_path / "user-config"))
+    monkeypatch.setenv("JUPYTER_CONFIG_PATH", env["JUPYTER_CONFIG_PATH"])
+    app = ServerApp()
+    app.load_config_file()
+    assert app.terminado_settings == {"shell_command": ["/bin/bash"]}
+    # What a terminal runs then: the server's environment as it is (no -l: /etc/profile is not read).
+    shell = subprocess.run([*app.terminado_settings["shell_command"], "-c", 'echo "$PATH|$KUBECONFIG"'],
+                           capture_output=True, text=True, env={"PATH": "/venv/bin:/usr/bin:/bin",
+                                                                 "KUBECONFIG": "/k/config", "HOME": str(tmp_path)})
+    assert shell.stdout.strip() == "/venv/bin:/usr/bin:/bin|/k/config"
 
 
 def test_gpulab_jupyter_follows_the_chosen_backend(monkeypatch, tmp_path):

@@ -265,7 +265,7 @@ def test_postbuild_with_gpulab_bin_dir_verifies_and_builds_nothing(tmp_path: Pat
 
 WAIT_FOR_UP = ('for i in $(seq 300); do grep -q "^gpulab up exited with" "$GPULAB_HOME/up.log" 2>/dev/null && break; '
                'sleep 0.1; done; cat "$GPULAB_HOME/up.log"; echo "BIN_DIR=${GPULAB_BIN_DIR:-}"; echo "PWD=$(pwd)"; '
-               'echo "KUBECONFIG=${KUBECONFIG:-}"')
+               'echo "KUBECONFIG=${KUBECONFIG:-}"; echo "JUPYTER_CONFIG_PATH=${JUPYTER_CONFIG_PATH:-}"')
 
 
 def test_start_brings_the_cluster_up_in_the_background_then_execs(tmp_path: Path) -> None:
@@ -282,8 +282,10 @@ def test_start_brings_the_cluster_up_in_the_background_then_execs(tmp_path: Path
     assert (home / ".gpulab" / "up.log").is_file()
     assert f"PWD={REPO}" in out  # not on JupyterHub: the server starts where the image put it
     assert not (home / "notebooks").exists()
-    # The server (and so its terminals) has the cluster's kubeconfig.
+    # The server (and so its terminals) has the cluster's kubeconfig; its terminals are plain bash, which keeps it
+    # (tests/unit/test_jupyterlab.py reads the config the server then reads).
     assert f"KUBECONFIG={home}/.gpulab/cluster/kubeconfig\n" in out
+    assert f"JUPYTER_CONFIG_PATH={REPO / 'jupyter-config'}\n" in out
 
 
 def test_start_reports_a_failed_up_and_still_starts_the_server(tmp_path: Path) -> None:

@@ -100,18 +100,44 @@ def test_sh_says_nothing_more_when_kubectl_connects_or_fails_otherwise(stopped, 
 
 def test_a_labs_kubectl_says_what_to_run_by_hand_and_not_under_the_grader(stopped, monkeypatch, capsys):
     monkeypatch.setattr(labkit, "_lab", labkit.Lab("lab-01", stopped / "work", False, "kc"))
+    note = backend.unreachable_note(labkit.FIRST_CELL)
+    assert "begin(" in note and "`gpulab up`" in note and "kubectl 连不上集群" in note
     with pytest.raises(labkit.KubectlFailed) as err:
         labkit.kubectl("get pods")
-    assert "was refused" in str(err.value) and labkit.UNREACHABLE_NOTE in str(err.value)
-    assert f"⚠ {labkit.UNREACHABLE_NOTE}" in capsys.readouterr().out
-    assert "begin(" in labkit.UNREACHABLE_NOTE and "`gpulab up`" in labkit.UNREACHABLE_NOTE
+    assert "was refused" in str(err.value) and note in str(err.value)
+    assert f"⚠ {note}" in capsys.readouterr().out
     outcome = labkit.try_kubectl("get pods")
-    assert not outcome.ok and labkit.UNREACHABLE_NOTE in capsys.readouterr().out
+    assert not outcome.ok and note in capsys.readouterr().out
 
     monkeypatch.setattr(labkit, "_lab", labkit.Lab("lab-01", stopped / "work", True, "kc"))
     with pytest.raises(labkit.KubectlFailed) as err:
         labkit.kubectl("get pods")
-    assert labkit.UNREACHABLE_NOTE not in str(err.value) + capsys.readouterr().out
+    assert "gpulab：" not in str(err.value) + capsys.readouterr().out
+
+
+@pytest.fixture
+def kernel():
+    """An IPython shell, as a notebook's kernel has (get_ipython() finds it)."""
+    from IPython.core.interactiveshell import InteractiveShell
+
+    shell = InteractiveShell.instance()
+    yield shell
+    InteractiveShell.clear_instance()
+
+
+def test_the_python_clients_connection_error_in_a_notebook_says_what_to_run(stopped, kernel, capsys):
+    backend.explain_client_errors(shell.FIRST_CELL)
+    result = kernel.run_cell("from kubernetes import client, config\n"
+                             "import os; config.load_kube_config(os.environ['KUBECONFIG'])\n"
+                             "client.CoreV1Api().list_node(_request_timeout=5)\n")
+    out = capsys.readouterr().out
+    assert type(result.error_in_exec).__name__ == "MaxRetryError"  # the cell still fails
+    assert "Connection refused" in out  # the client's own words stay, above the note
+    assert "⚠ gpulab：Python 客户端 连不上集群，因为集群没有在运行" in out and "setup()" in out and "`gpulab up`" in out
+    assert out.index("Connection refused") < out.index("⚠ gpulab")
+    # Other errors are shown as before, with no note.
+    kernel.run_cell("raise ValueError('nope')")
+    assert "gpulab：" not in capsys.readouterr().out
 
 
 def test_a_lessons_setup_that_cannot_start_the_cluster_says_why_and_what_to_run(stopped, monkeypatch, capsys):
