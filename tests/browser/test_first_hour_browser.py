@@ -20,6 +20,7 @@ gpulab under test even where ``.venv``'s editable install points at another chec
   (``setup("00-orientation")``) finds no cluster, says so in Chinese and starts it, with bring-up's progress lines
   in Chinese, until 集群就绪. Then the cluster is stopped behind the notebook's back (``gpulab down``) and the
   lesson's ``sh("kubectl version")`` cell shows kubectl's refusal followed by gpulab's note.
+- Lesson 00 as handed out opens unmodified once its kernel connected (the first test).
 
 Screenshots go to ``tmp_path``; their paths are in every assertion message.
 """
@@ -47,6 +48,7 @@ BIN = Path(sys.executable).parent  # gpulab and kubectl 1.37 of this environment
 # The zh-CN language pack's words for JupyterLab's main menus (File, Edit, View, Run, Kernel, Settings, Help).
 CHINESE_MENUS = ("文件", "编辑", "查看", "运行", "内核", "设置", "帮助")
 ENGLISH_MENUS = ("File", "Edit", "View", "Run", "Kernel", "Settings", "Help")
+LESSON = REPO / "notebooks" / "00-orientation.ipynb"
 REFUSED = "was refused"  # kubectl's own words
 NOTE = "⚠ gpulab：kubectl 连不上集群，因为集群没有在运行"  # gpulab's, after them
 CLUSTER_START_S = 480  # a first bring-up on a busy 2-core machine, image builds not included
@@ -157,10 +159,11 @@ def test_jupyterlab_is_chinese_and_its_terminal_has_gpulab_kubectl_and_the_kubec
     nb = nbformat.v4.new_notebook(cells=[cell])
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nbformat.write(nb, root / "stopped.ipynb")
+    shutil.copy2(LESSON, root / LESSON.name)  # as handed out: outputs and metadata
     gpulab_home = tmp_path / "gpulab-home"  # no cluster was ever started here
     kubeconfig = gpulab_home / "cluster" / "kubeconfig"
     shots = {name: tmp_path / f"first-hour-{name}.png"
-             for name in ("menus", "help", "kubectl", "kubeconfig", "notebook", "failure")}
+             for name in ("menus", "help", "kubectl", "kubeconfig", "notebook", "opened", "failure")}
     lab = start_lab(root, tmp_path, gpulab_home)
     page = None
     try:
@@ -203,6 +206,31 @@ def test_jupyterlab_is_chinese_and_its_terminal_has_gpulab_kubectl_and_the_kubec
                 assert REFUSED in text and text.index(REFUSED) < text.index(NOTE) and "`gpulab up`" in text, \
                     f"sh('kubectl get nodes') on a stopped cluster: {text!r}; screenshot: {shots['notebook']}"
                 assert "from another day" not in text, f"the saved output stayed: {text!r}"
+
+                # A lesson as handed out opens unmodified: its stored kernelspec and language are the ones the
+                # kernel reports (JupyterLab writes them into the notebook when the kernel connects). Where it is
+                # not, what differs from the file on disk is in the message.
+                opened = page.evaluate("""async (path) => {
+                  const panel = await window.jupyterapp.commands.execute('docmanager:open', {path});
+                  await panel.context.ready;
+                  await panel.sessionContext.ready;
+                  await panel.sessionContext.session.kernel.info;
+                  await new Promise(resolve => setTimeout(resolve, 2000));  // JupyterLab's metadata updates
+                  const token = new URLSearchParams(window.location.search).get('token');
+                  const disk = (await (await fetch(`/api/contents/${path}?content=1&token=${token}`)).json()).content;
+                  const diffs = [];
+                  const compare = (a, b, where) => {
+                    if (diffs.length >= 10 || JSON.stringify(a) === JSON.stringify(b)) return;
+                    if (a && b && typeof a === 'object' && typeof b === 'object') {
+                      for (const k of new Set([...Object.keys(a), ...Object.keys(b)])) compare(a[k], b[k], `${where}.${k}`);
+                    } else diffs.push(`${where}: ${JSON.stringify(a)} on disk, ${JSON.stringify(b)} open`);
+                  };
+                  compare(disk.metadata, panel.context.model.toJSON().metadata, 'metadata');
+                  return {dirty: panel.context.model.dirty, diffs};
+                }""", LESSON.name)
+                page.screenshot(path=str(shots["opened"]))
+                assert opened["dirty"] is False, (f"{LESSON.name} opened marked modified: {opened['diffs']}; "
+                                                  f"screenshot: {shots['opened']}")
             except Exception as exc:
                 raise fail_with_context(exc, page, shots["failure"], lab) from exc
             finally:

@@ -53,6 +53,20 @@ def test_notebook_is_valid_and_uses_the_python3_kernel(notebook):
     assert nb.metadata["kernelspec"]["name"] == "python3"
 
 
+def test_every_notebook_stores_the_kernelspec_make_install_installs():
+    """JupyterLab writes the running kernel's spec into a notebook when it connects: a lesson, lab or solution
+    storing another display name opens marked modified (tests/browser/test_first_hour_browser.py opens one)."""
+    from jupyter_client.kernelspec import get_kernel_spec
+
+    spec = get_kernel_spec("python3")
+    installed = {"name": "python3", "display_name": spec.display_name, "language": spec.language}
+    assert installed["display_name"] == "Python 3 (gpulab)", f"not make install's kernelspec: {spec.resource_dir}"
+    stored = {f"{path.parent.name}/{path.name}": dict(nbformat.read(path, as_version=4).metadata.get("kernelspec", {}))
+              for folder in ("notebooks", "labs", "solutions") for path in sorted((REPO / folder).glob("*.ipynb"))}
+    wrong = {name: spec for name, spec in stored.items() if spec != installed}
+    assert len(stored) >= 28 and not wrong, f"kernelspec should be {installed}: {wrong}"
+
+
 def test_first_code_cell_sets_up_the_lesson_by_its_own_stem(notebook):
     first = code_cells(notebook)[0].source
     assert "from gpulab.notebook import" in first
