@@ -378,7 +378,7 @@ class Operator:
     def _label_nodes(self, spec: dict[str, Any]) -> None:
         default_mig = str(_section(spec, "migManager", "config").get("default") or "all-disabled")
         driver_managed = _section(spec, "driver").get("enabled", True) is not False
-        for node in self.stack.nodes_informer.items():
+        for node in self.stack.node_objects():
             name = node["metadata"]["name"]
             labels = node["metadata"].get("labels") or {}
             gpu = self.stack.gpu_node(name)

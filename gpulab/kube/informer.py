@@ -73,17 +73,20 @@ class Informer:
     ends: ``watch_timeout`` bounds that). ``synced`` is set once the first
     list is cached and delivered. A handler that raises makes the informer
     list again after ``backoff``, so that what it failed to take is offered
-    again.
+    again. Such failures are logged as warnings, or with ``quiet`` as debug
+    lines only (a notebook's cell shows no stray warnings).
     """
 
     def __init__(self, client: ListWatcher, kind: str, namespace: str | None = None, *,
-                 resync: float | None = None, watch_timeout: int = WATCH_TIMEOUT, backoff: float = BACKOFF):
+                 resync: float | None = None, watch_timeout: int = WATCH_TIMEOUT, backoff: float = BACKOFF,
+                 quiet: bool = False):
         self.client = client
         self.kind = kind
         self.namespace = namespace
         self.resync = resync
         self.watch_timeout = watch_timeout
         self.backoff = backoff
+        self.quiet = quiet
         self.synced = threading.Event()
         self._stop = threading.Event()
         self._cache: dict[str, Obj] = {}
@@ -165,7 +168,8 @@ class Informer:
             except Exception as e:
                 if self._stop.is_set():
                     return
-                log.warning("watch of %s failed (%s); retrying", self.kind, e)
+                log.log(logging.DEBUG if self.quiet else logging.WARNING, "watch of %s failed (%s); retrying",
+                        self.kind, e)
                 self._stop.wait(self.backoff)
 
     # -- the loop's steps ------------------------------------------------------------
