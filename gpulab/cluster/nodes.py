@@ -18,8 +18,9 @@ from typing import Any, Callable, Protocol
 
 import yaml
 
-from .. import _poll
+from .. import _poll, versions
 from ..i18n import _
+from ..fakegpu import gfd
 from ..kube import allocatable, api
 from .base import ClusterError
 from .processes import ProcessTable
@@ -57,8 +58,6 @@ def hardware_labels(spec: NodeSpec) -> dict[str, str]:
     """What NFD finds on the machine: an NVIDIA PCI device on GPU nodes."""
     if not spec.gpu_count or not spec.gpu_model:
         return {}
-    from ..fakegpu import gfd
-
     return gfd.nfd_labels(spec.gpu_model, spec.gpu_count)
 
 
@@ -80,8 +79,6 @@ def internal_ips(topo: Topology, pod_network: bool) -> tuple[str, ...]:
 
 def node_object(spec: NodeSpec, annotation: tuple[str, str],
                 node_addresses: list[dict[str, str]] | None = None) -> dict[str, Any]:
-    from .. import versions
-
     labels = {**base_labels(spec), **hardware_labels(spec), **spec.labels}
     return {
         "apiVersion": "v1",
