@@ -16,7 +16,9 @@ every consumer of a process, as client-go's ``SharedInformerFactory``: the
 node agent and the GPU stack share one watch of Nodes.
 
 Handlers run one at a time on the informer's thread; one added late is first
-given every cached object as an add, as client-go does.
+given every cached object as an add, as client-go does (a change arriving in
+that moment may then reach it as well: handlers act on the state they are
+given, so hearing of an object twice does no harm).
 """
 
 from __future__ import annotations
