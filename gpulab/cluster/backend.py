@@ -67,6 +67,7 @@ def forget() -> None:
 def current(name: str | None = None) -> Cluster:
     """The cluster object of ``name`` (default: the chosen backend)."""
     name = _check(name, "backend") if name else chosen()
+    # Only the chosen backend's module is loaded (the embedded one brings the pod runtime along).
     if name == "kind":
         from .kind import KindCluster
 

@@ -402,6 +402,7 @@ def differs(client: api.Client, want: Mapping[str, Any]) -> bool:
 
 def gpu_nodes(cluster_root: Any) -> dict[str, int] | None:
     """GPU node name -> card count from the cluster's topology; None when its GPUs are not simulated hosts (kind)."""
+    # The embedded backend (and the pod runtime it loads) only where its cluster is asked about.
     from .embedded import EmbeddedCluster
 
     if cluster_root is None or not (Path(cluster_root) / "nodes").is_dir():
@@ -503,6 +504,7 @@ def topology_baseline(source: Cluster | Path | None) -> dict[str, dict[str, Any]
     """
     if source is None:
         return {}
+    # The embedded backend (and the pod runtime it loads) only where its cluster is asked about.
     from .embedded import EmbeddedCluster
 
     topo = (EmbeddedCluster(source) if isinstance(source, Path) else source).topology()

@@ -211,6 +211,7 @@ class EmbeddedCluster(StateDir):
                     nodes.bootstrap(self, topo, bins.kwok_crds, say)
             nodes.wait_ready(self, topo, timeout=max(10.0, timeout - (time.monotonic() - started)))
             say(_("{n} nodes Ready after {seconds:.1f} s", n=len(topo.nodes), seconds=time.monotonic() - started))
+            # Loaded here, at bring-up: every other command that reads the cluster spares the GPU stack's import.
             from ..fakegpu import operator as gpu_operator
 
             # The stack's pods live on across a restart of the node agent (it adopts
@@ -457,7 +458,7 @@ class EmbeddedCluster(StateDir):
             # Also when stopping a component failed or was interrupted (Ctrl-C, a test run's SIGTERM).
             self._stop_leftovers(say)
         if purge:
-            from ..fakegpu.node import remove_socket_dirs
+            from ..fakegpu.node import remove_socket_dirs  # the GPU stack's import, for a purge only
 
             remove_socket_dirs(self.root)
             remove_tree(self.root)

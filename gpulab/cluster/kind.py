@@ -40,10 +40,10 @@ from typing import Any
 import yaml
 
 from .. import _poll, paths, versions
-from . import binaries
+from . import binaries, nodes
 from .base import ClusterError, Say
 from .base import say_to_stderr as _say
-from ..fakegpu import llmserver
+from ..fakegpu import gfd, llmserver
 from ..kube.names import OPERATOR_NAMESPACE
 from ..kube.statedir import StateDir
 from ..kube.topology import NodeSpec, Topology
@@ -109,9 +109,6 @@ def node_labels(spec: NodeSpec) -> dict[str, str]:
     the topology's own), plus what the GPU Operator's labeller adds before
     its operands run, plus the fake hardware description the daemons read.
     """
-    from ..fakegpu import gfd
-    from . import nodes
-
     labels = {nodes.POOL_LABEL: spec.pool, **nodes.hardware_labels(spec), **spec.labels}
     if spec.gpu_count and spec.gpu_model:
         labels[FAKE_MODEL_LABEL] = spec.gpu_model
@@ -314,7 +311,7 @@ class KindCluster(StateDir):
             return data
         data["up"] = self.is_up()
         try:
-            from ..kube import api
+            from ..kube import api  # the Kubernetes client loads only when the cluster is asked
 
             for node in api.Client(self.kubeconfig, timeout=10).list("Node"):
                 st = node.get("status") or {}
@@ -384,7 +381,7 @@ class KindCluster(StateDir):
              "kind export kubeconfig", timeout=60)
 
     def _install_stack(self, docker_exe: str, kind_exe: str, topo: Topology, say: Say) -> None:
-        from ..kube import api
+        from ..kube import api  # the Kubernetes client loads only when the cluster is asked
 
         for image, dockerfile in IMAGES:
             say(f"building {image} from {dockerfile}")

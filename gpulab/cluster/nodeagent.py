@@ -4,7 +4,9 @@
 cluster starts as its ``node-agent`` component. It composes the two halves that
 know nothing of each other: the pod runner (:class:`gpulab.runtime.agent.NodeAgent`)
 and the GPU stack (:class:`gpulab.fakegpu.stack.GpuStack`), which takes part in
-each pod's life through :class:`gpulab.runtime.devices.DeviceHooks`, and puts pods on the
+each pod's life through :class:`gpulab.runtime.devices.DeviceHooks`; registers the GPU
+stack's programs (the GPU Operator's and its operands' images); gives both one set of
+informers (:class:`gpulab.kube.informer.SharedInformers`); and puts pods on the
 pod network with the CNI plugins (:class:`gpulab.runtime.network.PodNetwork`). Like a
 kubelet it also serves each node's resource metrics (CPU and memory of its
 containers, :mod:`gpulab.runtime.resourcemetrics`) to metrics-server, on the
@@ -20,9 +22,11 @@ import signal
 import sys
 from pathlib import Path
 
-from ..fakegpu import llmserver
+from ..fakegpu import llmserver, operands, operator
 from ..fakegpu.stack import GpuStack
 from . import clusterdns
+from ..kube import api
+from ..kube.informer import SharedInformers
 from ..kube.statedir import StateDir
 from ..runtime import sandbox
 from ..kube.allocatable import parse as parse_quantity
@@ -64,8 +68,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         stream=sys.stderr)
-    # The GPU side of every GPU node: device managers, GPUs, NVIDIA's programs.
-    gpus = GpuStack(args.cluster_dir)
+    # One informer per kind for the whole process: the pod runner and the GPU stack share the watch of Nodes.
+    informers = SharedInformers(api.Client(args.cluster_dir / "kubeconfigs" / "node-agent.yaml"))
+    # The GPU side of every GPU node: device managers, GPUs, and NVIDIA's programs, which the DaemonSet
+    # pods of the GPU Operator (and the operator's own pod) run as built-in images of this process.
+    gpus = GpuStack(args.cluster_dir, informers=informers)
+    operands.register(gpus)
+    operator.register(gpus)
     # The nodes' network namespace (started or adopted) with the apiserver relayed in, before any pod.
     ports = StateDir(args.cluster_dir).state().get("ports", {})
     # The nodes' kubelet endpoints (KWOK's kubelet API, this agent's resource metrics), which the egress
@@ -102,7 +111,8 @@ def main(argv: list[str] | None = None) -> int:
     rates = {spec.name: float(parse_quantity(spec.image_pull_bandwidth))
              for spec in StateDir(args.cluster_dir).topology().nodes}
     image_manager = ImageManager(args.cluster_dir / "nodes", lambda node: rates.get(node, DEFAULT_PULL_RATE))
-    agent = NodeAgent(args.cluster_dir, network, devices=gpus, images=images, image_manager=image_manager)
+    agent = NodeAgent(args.cluster_dir, network, devices=gpus, images=images, image_manager=image_manager,
+                      informers=informers)
 
     def on_term(signum, frame):
         agent.stop.set()
@@ -119,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         metrics.stop()
         gpus.stop()
+        informers.stop()
         if relay is not None:
             relay.stop()
     return 0

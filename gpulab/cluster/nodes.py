@@ -14,23 +14,33 @@ resources come from the device plugin once the GPU Operator runs, and its
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable, Protocol
 
 import yaml
 
-from .. import _poll
+from .. import _poll, versions
 from ..i18n import _
+from ..fakegpu import gfd
 from ..kube import allocatable, api
 from .base import ClusterError
+from .processes import ProcessTable
 from ..kube.names import LOOPBACK_NODE_ADDRESS, NODE_ANNOTATION, PROVISIONER, STORAGE_CLASS, node_address
 from ..kube.topology import NodeSpec, Topology
 from ..runtime import sandbox
 from ..runtime.resourcemetrics import PATH_ANNOTATION, node_path
 
-if TYPE_CHECKING:
-    from .embedded import EmbeddedCluster
-
 POOL_LABEL = "gpulab.io/pool"
+
+
+class BootingCluster(Protocol):
+    """What registering the nodes and waiting for them needs of the cluster (:class:`~gpulab.cluster.embedded.EmbeddedCluster`)."""
+
+    @property
+    def kubeconfig(self) -> Path: ...
+
+    @property
+    def procs(self) -> ProcessTable:
+        """The cluster's processes (KWOK's log says why a node is not Ready)."""
 
 
 def base_labels(spec: NodeSpec) -> dict[str, str]:
@@ -48,8 +58,6 @@ def hardware_labels(spec: NodeSpec) -> dict[str, str]:
     """What NFD finds on the machine: an NVIDIA PCI device on GPU nodes."""
     if not spec.gpu_count or not spec.gpu_model:
         return {}
-    from ..fakegpu import gfd
-
     return gfd.nfd_labels(spec.gpu_model, spec.gpu_count)
 
 
@@ -71,8 +79,6 @@ def internal_ips(topo: Topology, pod_network: bool) -> tuple[str, ...]:
 
 def node_object(spec: NodeSpec, annotation: tuple[str, str],
                 node_addresses: list[dict[str, str]] | None = None) -> dict[str, Any]:
-    from .. import versions
-
     labels = {**base_labels(spec), **hardware_labels(spec), **spec.labels}
     return {
         "apiVersion": "v1",
@@ -139,7 +145,7 @@ def storage_class(name: str, provisioner: str) -> dict[str, Any]:
     }
 
 
-def bootstrap(cluster: "EmbeddedCluster", topo: Topology, crds: tuple[Path, ...],
+def bootstrap(cluster: BootingCluster, topo: Topology, crds: tuple[Path, ...],
               say: Callable[[str], None]) -> None:
     """Create what a fresh cluster needs before the controllers start; idempotent."""
     client = api.Client(cluster.kubeconfig)
@@ -175,7 +181,7 @@ def bootstrap(cluster: "EmbeddedCluster", topo: Topology, crds: tuple[Path, ...]
         say(_("registered {n} nodes from topology {topology!r}", n=created, topology=topo.name))
 
 
-def wait_ready(cluster: "EmbeddedCluster", topo: Topology, timeout: float) -> None:
+def wait_ready(cluster: BootingCluster, topo: Topology, timeout: float) -> None:
     client = api.Client(cluster.kubeconfig)
     want = {n.name for n in topo.nodes}
     not_ready = want

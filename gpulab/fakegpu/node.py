@@ -39,11 +39,12 @@ import shutil
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from .._fsutil import socket_home
 from ..kube import api
 from ..kube.names import ALLOCATED_DEVICES_ANNOTATION
+from ..kube.topology import NodeSpec
 from ..runtime.devices import AdmissionError, AdmissionPending, ContainerKill, DeviceGrant
 from ..runtime.sandbox import Mount
 from . import faults as faultmod
@@ -54,10 +55,6 @@ from .devicemap import AdvertisedDevice, NodeResources, strip_replica
 from .deviceplugin.kubelet import AllocationError, DeviceManager
 from .deviceplugin.plugin import NVIDIA_SMI_CONTAINER_PATH, NVIDIA_SMI_STATE_ENV, VISIBLE_DEVICES_ENV
 from .gfd import CUDA_DRIVER_VERSION, DRIVER_VERSION
-
-if TYPE_CHECKING:
-    from ..kube.topology import NodeSpec
-    from .stack import GpuStack
 
 log = logging.getLogger("gpulab.fakegpu")
 
@@ -148,10 +145,22 @@ class NodeStatusWriter(threading.Thread):
                 self.wake.set()
 
 
+class NodeHost(Protocol):
+    """What a :class:`GpuNode` needs of the stack that holds it (:class:`gpulab.fakegpu.stack.GpuStack`)."""
+
+    client: api.Client
+
+    def notify(self) -> None:
+        """Wake the programs: the node's hardware changed."""
+
+    def pod_event(self, pod: dict[str, Any], reason: str, message: str, type_: str = "Normal") -> None:
+        """Record an Event on ``pod``."""
+
+
 class GpuNode:
     """One GPU node of the topology, as the node agent simulates it (see the module docstring)."""
 
-    def __init__(self, stack: "GpuStack", spec: "NodeSpec", cluster_dir: Path):
+    def __init__(self, stack: NodeHost, spec: NodeSpec, cluster_dir: Path):
         assert spec.gpu_model and spec.gpu_count
         self.stack = stack
         self.name = spec.name

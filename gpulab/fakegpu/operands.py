@@ -41,8 +41,9 @@ import string
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
+from ..hardware.models import MigLayout
 from ..kube import api
 from ..kube.names import METRICS_ANNOTATION, OPERATOR_COMPONENT
 from ..runtime import programs
@@ -55,10 +56,7 @@ from .deviceplugin import DEVICE_PLUGIN_PATH
 from .deviceplugin.plugin import PluginConfig
 from .faults import NodeFaults
 from .pluginconfig import CONFIG_LABEL
-
-if TYPE_CHECKING:
-    from ..hardware.models import MigLayout
-    from .stack import GpuStack
+from .stack import GpuStack
 
 DEVICE_PLUGIN_IMAGE = "nvcr.io/nvidia/k8s-device-plugin"
 MIG_MANAGER_IMAGE = "nvcr.io/nvidia/cloud-native/k8s-mig-manager"
@@ -148,7 +146,7 @@ class EmbeddedHost(ApiHost):
     changed. Use as a context manager (it subscribes to those changes).
     """
 
-    def __init__(self, stack: "GpuStack", ctx: programs.ProgramContext, stop: threading.Event, source: str):
+    def __init__(self, stack: GpuStack, ctx: programs.ProgramContext, stop: threading.Event, source: str):
         self.stack = stack
         self.ctx = ctx
         self.node = ctx.node
@@ -200,10 +198,10 @@ class EmbeddedHost(ApiHost):
     def gpus(self) -> Gpus | None:
         return Gpus(self.gpu_node.model, self.gpu_node.count) if self.gpu_node is not None else None
 
-    def mig_layout(self) -> "MigLayout | None":
+    def mig_layout(self) -> MigLayout | None:
         return self.gpu_node.mig_layout if self.gpu_node is not None else None
 
-    def apply_mig(self, layout: "MigLayout | None") -> None:
+    def apply_mig(self, layout: MigLayout | None) -> None:
         assert self.gpu_node is not None
         self.gpu_node.apply_mig(layout)
 
@@ -245,7 +243,7 @@ class EmbeddedHost(ApiHost):
 
     def pod_listener(self, port: int) -> socket.socket | None:
         try:
-            return self.ctx.agent.network.listen(self.ctx.pod, self.ctx.pod_ip, port)
+            return self.ctx.network.listen(self.ctx.pod, self.ctx.pod_ip, port)
         except NetworkError as e:
             self.log.warning(f"cannot listen at the pod's IP: {e}")
             return None
@@ -259,13 +257,13 @@ class EmbeddedHost(ApiHost):
             self.log.warning(f"cannot publish the metrics endpoint: {e}")
 
 
-def _component(stack: "GpuStack", name: str, stop: threading.Event, ctx: programs.ProgramContext) -> int:
+def _component(stack: GpuStack, name: str, stop: threading.Event, ctx: programs.ProgramContext) -> int:
     run, source = COMPONENTS[name]
     with EmbeddedHost(stack, ctx, stop, source) as host:
         return run(host)
 
 
-def _device_plugin_image(stack: "GpuStack", stop: threading.Event, ctx: programs.ProgramContext) -> int | None:
+def _device_plugin_image(stack: GpuStack, stop: threading.Event, ctx: programs.ProgramContext) -> int | None:
     cmd = argv(ctx)
     name = os.path.basename(cmd[0]) if cmd else "nvidia-device-plugin"
     if name in ("sh", "bash") and len(cmd) > 2:
@@ -434,7 +432,7 @@ class ValidatorMain:
         return 0
 
 
-def _validator(stack: "GpuStack", stop: threading.Event, ctx: programs.ProgramContext) -> int:
+def _validator(stack: GpuStack, stop: threading.Event, ctx: programs.ProgramContext) -> int:
     with EmbeddedHost(stack, ctx, stop, "main.go:1") as host:
         return ValidatorMain(host).run()
 
@@ -442,12 +440,12 @@ def _validator(stack: "GpuStack", stop: threading.Event, ctx: programs.ProgramCo
 # --------------------------------------------------------------------------
 
 
-def _program(stack: "GpuStack", run: Callable[["GpuStack", threading.Event, programs.ProgramContext], int | None]
+def _program(stack: GpuStack, run: Callable[[GpuStack, threading.Event, programs.ProgramContext], int | None]
              ) -> programs.Factory:
     return lambda ctx: programs.FunctionProgram(ctx, lambda stop, c: run(stack, stop, c))
 
 
-def register(stack: "GpuStack") -> None:
+def register(stack: GpuStack) -> None:
     """Make NVIDIA's images run these programs on this node agent's nodes."""
     programs.register(DEVICE_PLUGIN_IMAGE, _program(stack, _device_plugin_image))
     programs.register(MIG_MANAGER_IMAGE, _program(stack, lambda s, stop, ctx: _component(s, "mig-manager", stop, ctx)))

@@ -30,7 +30,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 import yaml
 
@@ -40,10 +40,8 @@ from ..kube import api
 from ..runtime import programs
 from . import gfd, mig
 from .pluginconfig import CONFIG_LABEL
+from .stack import GpuStack
 from ..kube.names import CLUSTER_POLICY, OPERATOR_COMPONENT, OPERATOR_NAMESPACE
-
-if TYPE_CHECKING:
-    from .stack import GpuStack
 
 NAMESPACE = OPERATOR_NAMESPACE
 POLICY_NAME = CLUSTER_POLICY
@@ -327,7 +325,7 @@ def non_mig_node_request(labels: dict[str, str], model) -> str | None:
 class Operator:
     """Reconciles ClusterPolicies into node labels, DaemonSets and status."""
 
-    def __init__(self, stack: "GpuStack", namespace: str, log: Callable[[str, str], None]):
+    def __init__(self, stack: GpuStack, namespace: str, log: Callable[[str, str], None]):
         self.stack = stack
         self.client = stack.client
         self.namespace = namespace
@@ -378,7 +376,7 @@ class Operator:
     def _label_nodes(self, spec: dict[str, Any]) -> None:
         default_mig = str(_section(spec, "migManager", "config").get("default") or "all-disabled")
         driver_managed = _section(spec, "driver").get("enabled", True) is not False
-        for node in self.stack.nodes_informer.items():
+        for node in self.stack.node_objects():
             name = node["metadata"]["name"]
             labels = node["metadata"].get("labels") or {}
             gpu = self.stack.gpu_node(name)
@@ -424,7 +422,7 @@ class Operator:
                                                          f"{message}")
 
 
-def _operator_program(stack: "GpuStack", stop: threading.Event, ctx: programs.ProgramContext) -> int:
+def _operator_program(stack: GpuStack, stop: threading.Event, ctx: programs.ProgramContext) -> int:
     def log(level: str, msg: str) -> None:
         line = json.dumps({"level": level, "ts": round(time.time(), 3), "logger": "controllers.ClusterPolicy",
                            "msg": msg})
@@ -448,7 +446,7 @@ def _operator_program(stack: "GpuStack", stop: threading.Event, ctx: programs.Pr
     return 0
 
 
-def register(stack: "GpuStack") -> None:
+def register(stack: GpuStack) -> None:
     programs.register(OPERATOR_IMAGE, lambda ctx: programs.FunctionProgram(
         ctx, lambda stop, c: _operator_program(stack, stop, c)))
 

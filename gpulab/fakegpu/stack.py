@@ -6,12 +6,13 @@ and passes it as its :class:`~gpulab.runtime.devices.DeviceHooks`. The stack
 - keeps one :class:`~gpulab.fakegpu.node.GpuNode` per GPU node of the
   topology (GPUs, faults, the kubelet's device manager, nvidia-smi state)
   and routes each pod's admission, containers and termination to it;
-- registers the images of the GPU Operator and its operands as built-in
-  programs (:mod:`gpulab.fakegpu.operands`, :mod:`gpulab.fakegpu.operator`),
-  so the DaemonSet pods the operator creates run NVIDIA's components for
-  their node, as threads of this process;
-- shares one watch of Nodes and one of ClusterPolicies among those programs
-  (:meth:`node_object`, :meth:`subscribe`) and polls the fault files.
+- serves the built-in programs of the GPU Operator and its operands
+  (:mod:`gpulab.fakegpu.operands`, :mod:`gpulab.fakegpu.operator`, which
+  the node agent's entry point registers for this stack), so the DaemonSet
+  pods the operator creates run NVIDIA's components for their node, as
+  threads of this process;
+- shares the process's informers of Nodes and ClusterPolicies among those
+  programs (:meth:`node_object`, :meth:`subscribe`) and polls the fault files.
 
 Pod annotations it reads and writes:
 
@@ -26,72 +27,17 @@ from __future__ import annotations
 import logging
 import threading
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from ..kube import api
 from ..kube import events
+from ..kube.informer import SharedInformers
 from ..kube.names import OPERATOR_COMPONENT
 from ..kube.statedir import StateDir
 from ..runtime.devices import ContainerKill, DeviceGrant
 from .node import GpuNode
 
 log = logging.getLogger("gpulab.fakegpu")
-
-
-
-class Informer:
-    """List+watch of one cluster-scoped kind into a cache; calls ``on_change`` after each change."""
-
-    def __init__(self, client: api.Client, kind: str, on_change: Callable[[], None]):
-        self.client = client
-        self.kind = kind
-        self.on_change = on_change
-        self.cache: dict[str, dict[str, Any]] = {}
-        self.synced = threading.Event()
-        self.lock = threading.Lock()
-
-    def get(self, name: str) -> dict[str, Any] | None:
-        with self.lock:
-            return self.cache.get(name)
-
-    def items(self) -> list[dict[str, Any]]:
-        with self.lock:
-            return list(self.cache.values())
-
-    def run(self, stop: threading.Event) -> None:
-        while not stop.is_set():
-            try:
-                lst = self.client.list_raw(self.kind)
-                with self.lock:
-                    self.cache = {o["metadata"]["name"]: o for o in lst.get("items") or []}
-                self.synced.set()
-                self.on_change()
-                rv = lst["metadata"]["resourceVersion"]
-                while not stop.is_set():
-                    for ev in self.client.watch(self.kind, rv, timeout_seconds=240):
-                        if ev["type"] == "BOOKMARK":
-                            rv = ev["object"]["metadata"]["resourceVersion"]
-                            continue
-                        if ev["type"] == "ERROR":
-                            raise api.Gone(str(ev["object"]))
-                        obj = ev["object"]
-                        rv = obj["metadata"]["resourceVersion"]
-                        with self.lock:
-                            if ev["type"] == "DELETED":
-                                self.cache.pop(obj["metadata"]["name"], None)
-                            else:
-                                self.cache[obj["metadata"]["name"]] = obj
-                        self.on_change()
-            except api.Gone:
-                continue
-            except api.NotFound:
-                # The kind is not served yet (the ClusterPolicy CRD arrives with the operator).
-                stop.wait(2)
-            except Exception as e:
-                if stop.is_set():
-                    return
-                log.warning("watch of %s failed (%s); retrying", self.kind, e)
-                stop.wait(1)
 
 
 class Subscription:
@@ -108,21 +54,31 @@ class Subscription:
 
 
 class GpuStack:
-    def __init__(self, cluster_dir: Path, client: api.Client | None = None):
+    """The GPU side of every GPU node, as :class:`~gpulab.runtime.devices.DeviceHooks`, and what its programs share.
+
+    ``informers`` are the process's shared ones (the node agent watches
+    Nodes too); without them the stack makes its own. Its programs are
+    registered by whoever assembles the process (:mod:`gpulab.cluster.nodeagent`).
+    """
+
+    def __init__(self, cluster_dir: Path, client: api.Client | None = None,
+                 informers: SharedInformers | None = None):
         self.cluster_dir = Path(cluster_dir)
         self.client = client or api.Client(self.cluster_dir / "kubeconfigs" / "node-agent.yaml")
         self.stop_event = threading.Event()
         self._subs: set[Subscription] = set()
         self._subs_lock = threading.Lock()
-        self.nodes_informer = Informer(self.client, "Node", self.notify)
-        self.policies = Informer(self.client, "ClusterPolicy", self.notify)
+        self._own_informers = informers is None
+        self.informers = informers or SharedInformers(self.client)
+        self.nodes_informer = self.informers.informer("Node")
+        # ClusterPolicies: the operator's programs reconcile when one changes.
+        self.policies = self.informers.informer("ClusterPolicy")
+        for informer in (self.nodes_informer, self.policies):
+            informer.add_handler(on_add=lambda obj: self.notify(), on_update=lambda old, new: self.notify(),
+                                 on_delete=lambda obj: self.notify())
         self.gpu_nodes: dict[str, GpuNode] = {}
         for spec in self._topology().gpu_nodes:
             self.gpu_nodes[spec.name] = GpuNode(self, spec, self.cluster_dir)
-        from . import operands, operator
-
-        operands.register(self)
-        operator.register(self)
 
     def _topology(self):
         return StateDir(self.cluster_dir).topology()
@@ -132,15 +88,16 @@ class GpuStack:
     def start(self) -> None:
         for node in self.gpu_nodes.values():
             node.start()
-        for name, target in (("gpu-watch-nodes", self.nodes_informer.run),
-                             ("gpu-watch-clusterpolicies", self.policies.run),
-                             ("gpu-faults", self._watch_faults),
-                             ("gpu-load", self._apply_loads)):
+        for informer in (self.nodes_informer, self.policies):
+            informer.start()
+        for name, target in (("gpu-faults", self._watch_faults), ("gpu-load", self._apply_loads)):
             threading.Thread(target=target, args=(self.stop_event,), daemon=True, name=name).start()
-        self.nodes_informer.synced.wait(10)
+        self.nodes_informer.wait_synced(10)
 
     def stop(self) -> None:
         self.stop_event.set()
+        if self._own_informers:
+            self.informers.stop()
         for node in self.gpu_nodes.values():
             node.stop()
 
@@ -182,7 +139,12 @@ class GpuStack:
         return self.gpu_nodes.get(name)
 
     def node_object(self, name: str) -> dict[str, Any] | None:
+        """The Node ``name`` as last seen by the shared watch of Nodes."""
         return self.nodes_informer.get(name)
+
+    def node_objects(self) -> list[dict[str, Any]]:
+        """Every Node, as last seen by the shared watch of Nodes."""
+        return self.nodes_informer.list()
 
     def subscribe(self) -> Subscription:
         sub = Subscription()

@@ -56,7 +56,6 @@ import importlib
 import re
 import shutil
 import tempfile
-import time
 import urllib.parse
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -574,16 +573,17 @@ class ClusterSandbox:
         """The lab's GPUs must be free; pods of a just-deleted namespace get ``gpu_wait`` seconds to let go."""
         if not self.spec.gpus_free:
             return
-        deadline = time.monotonic() + self.gpu_wait
-        while True:
+        free = 0
+        holders: list[str] = []
+
+        def enough() -> bool:
+            nonlocal free, holders
             free, holders = gpu_usage(self.client)
-            if free >= self.spec.gpus_free or time.monotonic() >= deadline:
-                break
-            time.sleep(0.5)
-        if free < self.spec.gpus_free:
-            raise SandboxError(
-                f"lab {self.spec.lab} needs {self.spec.gpus_free} free nvidia.com/gpu but {max(free, 0)} are free; "
-                f"held by: {', '.join(holders) or 'nothing (fewer GPUs allocatable than the lab needs)'}")
+            return free >= self.spec.gpus_free
+
+        _poll.until(enough, self.gpu_wait, lambda _: SandboxError(
+            f"lab {self.spec.lab} needs {self.spec.gpus_free} free nvidia.com/gpu but {max(free, 0)} are free; "
+            f"held by: {', '.join(holders) or 'nothing (fewer GPUs allocatable than the lab needs)'}"), interval=0.5)
 
     def _write_kubeconfig(self, namespace: str, user: str, path: Path) -> None:
         stem = f"grading-{hashlib.sha1(namespace.encode()).hexdigest()[:12]}"

@@ -66,7 +66,7 @@ def lab_of_notebook(path: str | Path) -> str:
 
 
 def _cluster(cluster: Cluster | None = None) -> Cluster:
-    from gpulab.cluster import backend
+    from gpulab.cluster import backend  # the backends' modules only when no cluster was given
 
     cluster = cluster or backend.current()
     if not cluster.exists() or not cluster.is_up():

@@ -46,7 +46,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -219,11 +218,8 @@ def _ensure_namespace(name: str, fresh: bool) -> bool:
         code, out = _run(["create", "namespace", name])
         if code != 0 and "AlreadyExists" not in out:
             raise KubectlFailed(f"kubectl create namespace {name}", out, code)
-        deadline = time.monotonic() + 30
-        while _run(["get", "serviceaccount", "default", "-n", name])[0] != 0:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"命名空间 {name} 的 default ServiceAccount 迟迟没有创建")
-            time.sleep(0.2)
+        _poll.until(lambda: _run(["get", "serviceaccount", "default", "-n", name])[0] == 0, 30,
+                    lambda _: TimeoutError(f"命名空间 {name} 的 default ServiceAccount 迟迟没有创建"), interval=0.2)
     return True
 
 

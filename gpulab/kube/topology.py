@@ -39,6 +39,7 @@ from typing import Any
 import yaml
 
 from .. import paths
+from ..hardware import models
 from ..i18n import _
 from . import allocatable as alloc
 
@@ -427,8 +428,6 @@ def _gpu(r: _Reader, raw: Any, field: str) -> tuple[str | None, int] | None:
     if gpu is None:
         return None
     r.only(gpu, field, ("model", "count"))
-    from ..hardware import models
-
     allowed = ", ".join(m.key for m in models.list_models())
     model_key: str | None = None
     model_name = r.string(gpu, "model", field, required=_("allowed: {values}", values=allowed))

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import threading
 import time
 from typing import Any
 
 from ..kube import api
+from ..kube.informer import Informer
 from .lesson import current
 from .plots import new_figure, show_figure
 from .pod import pod_condition
@@ -59,10 +59,13 @@ class Timeline:
         # pod name -> list of (t, state, restarts)
         self.samples: dict[str, list[tuple[float, str, int]]] = {}
         self.deleted: dict[str, float] = {}
-        self._stop = threading.Event()
-        self._kube = api.Client(current().cluster.kubeconfig)
-        self._thread = threading.Thread(target=self._run, daemon=True, name="gpulab-timeline")
-        self._thread.start()
+        # Watch streams of a second: stop() ends the recording at once. A failed watch (the apiserver
+        # restarted) is listed again soon, without a warning in the cell's output.
+        self._pods = Informer(api.Client(current().cluster.kubeconfig), "Pod", namespace, watch_timeout=1,
+                              backoff=0.5, quiet=True)
+        self._pods.add_handler(on_add=lambda pod: self._record(pod, time.time()),
+                               on_update=lambda old, new: self._record(new, time.time()), on_delete=self._deleted)
+        self._pods.start()
 
     def _matches(self, pod: dict[str, Any]) -> bool:
         labels = pod["metadata"].get("labels") or {}
@@ -78,41 +81,16 @@ class Timeline:
         if not seq or seq[-1][1:] != (state, restarts):
             seq.append((t, state, restarts))
 
-    def _run(self) -> None:
-        rv = None
-        while not self._stop.is_set():
-            try:
-                if rv is None:
-                    raw = self._kube.list_raw("Pod", self.namespace)
-                    now = time.time()
-                    for p in raw.get("items") or []:
-                        self._record(p, now)
-                    rv = raw["metadata"]["resourceVersion"]
-                for ev in self._kube.watch("Pod", rv, self.namespace, timeout_seconds=1):
-                    obj = ev.get("object") or {}
-                    rv = obj.get("metadata", {}).get("resourceVersion", rv)
-                    if ev.get("type") == "BOOKMARK":
-                        continue
-                    now = time.time()
-                    if ev.get("type") == "DELETED":
-                        if self._matches(obj):
-                            self.deleted.setdefault(obj["metadata"]["name"], now)
-                        continue
-                    self._record(obj, now)
-                    if self._stop.is_set():
-                        break
-            except api.Gone:
-                rv = None
-            except Exception:  # the apiserver restarted or a read timed out: list again
-                rv = None
-                self._stop.wait(0.5)
+    def _deleted(self, pod: dict[str, Any]) -> None:
+        if self._matches(pod):
+            self.deleted.setdefault(pod["metadata"]["name"], time.time())
 
     def stop(self) -> None:
         """End the recording (idempotent). Returns nothing: a cell ending in it shows no object."""
         if self.t_end is None:
             self.t_end = time.time()
-            self._stop.set()
-            self._thread.join(timeout=5)
+            self._pods.stop()
+            self._pods.join(timeout=5)
 
     def transitions(self) -> Table:
         """Every recorded change: seconds since the start, pod, state, restart count."""

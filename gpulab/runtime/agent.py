@@ -17,12 +17,12 @@ import logging
 import os
 import sys
 import threading
-import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from ..kube import api
 from ..kube.allocatable import parse as parse_quantity
+from ..kube.informer import Informer, SharedInformers
 from ..kube.topology import DEFAULT_IMAGE_PULL_BANDWIDTH
 from . import sandbox, streaming
 from .devices import DeviceHooks, NoDevices
@@ -36,6 +36,9 @@ from ..kube.names import NODE_ANNOTATION
 
 log = logging.getLogger("gpulab.runtime")
 
+
+# How often the workers of ended pods are forgotten (as often as the pod watch's stream used to end).
+REAP_EVERY = 240.0
 
 DEFAULT_PULL_RATE = float(parse_quantity(DEFAULT_IMAGE_PULL_BANDWIDTH))
 
@@ -117,10 +120,20 @@ class LogRegistry:
 
 
 class NodeAgent:
+    """Runs the pods bound to the nodes it manages: one :class:`PodWorker` per pod.
+
+    It follows Nodes, Pods and ConfigMaps through ``informers`` (shared with
+    the process's other consumers, such as the GPU stack; without them it
+    makes its own, and stops them when it stops).
+    """
+
     def __init__(self, cluster_dir: Path, network: PodNetwork, devices: DeviceHooks | None = None,
-                 images: ImageCatalog | None = None, image_manager: ImageManager | None = None):
+                 images: ImageCatalog | None = None, image_manager: ImageManager | None = None,
+                 informers: SharedInformers | None = None):
         self.cluster_dir = cluster_dir
         self.client = api.Client(cluster_dir / "kubeconfigs" / "node-agent.yaml")
+        self._own_informers = informers is None
+        self.informers = informers or SharedInformers(self.client)
         self.pods_dir = cluster_dir / "pods"
         self.nodes_dir = cluster_dir / "nodes"
         self.devices: DeviceHooks = devices or NoDevices()
@@ -133,6 +146,8 @@ class NodeAgent:
         self.provisioner = Provisioner(self.client, self.nodes_dir)
         self.nodes: set[str] = set()
         self.workers: dict[str, PodWorker] = {}
+        # The pod informer's thread adds and removes workers; the main thread reaps the ended ones.
+        self._workers_lock = threading.Lock()
         # resourceVersion of each ConfigMap seen, by (namespace, name): a change refreshes pods' volumes.
         self.configmaps: dict[tuple[str, str], str | None] = {}
         self.stop = threading.Event()
@@ -166,63 +181,37 @@ class NodeAgent:
 
     def _on_pod(self, pod: dict[str, Any], deleted: bool = False) -> None:
         uid = pod["metadata"]["uid"]
-        worker = self.workers.get(uid)
-        if deleted:
-            if worker:
-                worker.remove()
-                self.workers.pop(uid, None)
-            return
-        node = pod.get("spec", {}).get("nodeName")
-        if not node or node not in self.nodes:
-            return
-        if worker is None:
-            worker = PodWorker(self, pod)
-            self.workers[uid] = worker
-            worker.start()
-        else:
-            worker.update(pod)
+        with self._workers_lock:
+            worker = self.workers.get(uid)
+            if deleted:
+                if worker:
+                    worker.remove()
+                    self.workers.pop(uid, None)
+                return
+            node = pod.get("spec", {}).get("nodeName")
+            if not node or node not in self.nodes:
+                return
+            if worker is None:
+                worker = PodWorker(self, pod)
+                self.workers[uid] = worker
+                worker.start()
+            else:
+                worker.update(pod)
 
     def _reap(self) -> None:
-        for uid, w in list(self.workers.items()):
-            if not w.is_alive():
-                self.workers.pop(uid, None)
+        """Forget the workers whose thread has ended."""
+        with self._workers_lock:
+            for uid, w in list(self.workers.items()):
+                if not w.is_alive():
+                    self.workers.pop(uid, None)
 
-    def _watch(self, kind: str, handler) -> None:
-        """List+watch ``kind`` forever, re-listing when the watch expires."""
-        while not self.stop.is_set():
-            try:
-                lst = self.client.list_raw(kind)
-                seen = set()
-                for obj in lst.get("items") or []:
-                    obj.setdefault("kind", kind)
-                    handler(obj)
-                    seen.add(obj["metadata"]["uid"])
-                if kind == "Pod":
-                    for uid in set(self.workers) - seen:
-                        self._on_pod(self.workers[uid].pod, deleted=True)
-                rv = lst["metadata"]["resourceVersion"]
-                if kind == "Node":
-                    self.nodes_synced.set()
-                while not self.stop.is_set():
-                    for ev in self.client.watch(kind, rv, timeout_seconds=240):
-                        if ev["type"] == "BOOKMARK":
-                            rv = ev["object"]["metadata"]["resourceVersion"]
-                            continue
-                        if ev["type"] == "ERROR":
-                            raise api.Gone(str(ev["object"]))
-                        obj = ev["object"]
-                        obj.setdefault("kind", kind)
-                        rv = obj["metadata"]["resourceVersion"]
-                        handler(obj, deleted=ev["type"] == "DELETED")
-                    if kind == "Pod":
-                        self._reap()
-            except api.Gone:
-                continue
-            except Exception as e:
-                if self.stop.is_set():
-                    return
-                log.warning("watch of %s failed (%s); retrying", kind, e)
-                time.sleep(1)
+    def _watch(self, kind: str, handler: Callable[..., None]) -> Informer:
+        """Tell ``handler(obj, deleted=...)`` of every ``kind`` object the shared informer sees, and start it."""
+        informer = self.informers.informer(kind)
+        informer.add_handler(on_add=handler, on_update=lambda old, new: handler(new),
+                             on_delete=lambda obj: handler(obj, deleted=True))
+        informer.start()
+        return informer
 
     # -- main -----------------------------------------------------------------
 
@@ -233,17 +222,12 @@ class NodeAgent:
         threading.Thread(target=streaming.keep_farm, args=(self.cluster_dir, self.stop), daemon=True,
                          name="exec-farm").start()
         streaming.ExecServer(self).start()
-        self.nodes_synced = threading.Event()
-        threads = [
-            threading.Thread(target=self._watch, args=("Node", self._on_node), daemon=True, name="watch-nodes"),
-        ]
-        threads[0].start()
-        self.nodes_synced.wait(30)
-        pods = threading.Thread(target=self._watch, args=("Pod", self._on_pod), daemon=True, name="watch-pods")
-        pods.start()
+        # The nodes first: a pod is run only on a node this agent manages.
+        self._watch("Node", self._on_node).wait_synced(30)
+        # A pod the list no longer has (deleted while the watch was down) reaches _on_pod as deleted.
+        self._watch("Pod", self._on_pod)
         # ConfigMaps a running pod mounts: a change reaches its volumes, as a kubelet's sync does.
-        threading.Thread(target=self._watch, args=("ConfigMap", self._on_configmap), daemon=True,
-                         name="watch-configmaps").start()
+        self._watch("ConfigMap", self._on_configmap)
         prov = threading.Thread(target=self.provisioner.run, args=(self.stop,), daemon=True, name="provisioner")
         prov.start()
         try:
@@ -256,7 +240,10 @@ class NodeAgent:
         if ready_file:
             ready_file.write_text(str(os.getpid()))
         log.info("node agent running for %d nodes", len(self.nodes))
-        self.stop.wait()
+        while not self.stop.wait(REAP_EVERY):
+            self._reap()
+        if self._own_informers:
+            self.informers.stop()
         self.image_manager.stop.set()
         for w in list(self.workers.values()):
             w.shutdown()

@@ -18,7 +18,7 @@ import subprocess
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from kubernetes.utils import parse_quantity
 
@@ -27,13 +27,12 @@ from ..kube import api
 from ..kube import events
 from ..kube.names import KUBERNETES_SERVICE_IP
 from . import dnsconfig, imagemanager, probes, programs, sandbox
-from .devices import AdmissionError, AdmissionPending
+from .devices import AdmissionError, AdmissionPending, DeviceHooks
 from .containers import LOST, NODE_SHUTDOWN, Container, Termination, rfc3339
-from .network import NetworkError, PodSandbox
-from .volumes import VolumeError, field_value, resource_value
-
-if TYPE_CHECKING:
-    from .agent import NodeAgent
+from .imagemanager import ImageManager
+from .images import ImageCatalog
+from .network import NetworkError, PodNetwork, PodSandbox
+from .volumes import VolumeBuilder, VolumeError, field_value, resource_value
 
 log = logging.getLogger("gpulab.runtime")
 
@@ -61,8 +60,32 @@ def expand(value: str, env: dict[str, str]) -> str:
     return VAR_REF.sub(sub, value)
 
 
+class PodLogs(Protocol):
+    """Where a pod's logs and exec targets are published for KWOK (:class:`gpulab.runtime.agent.LogRegistry`)."""
+
+    def register(self, worker: PodWorker) -> None:
+        """Publish (again) where the worker's containers log and how to exec into them."""
+
+    def unregister(self, worker: PodWorker) -> None:
+        """Withdraw what :meth:`register` published."""
+
+
+class PodHost(Protocol):
+    """What a :class:`PodWorker` needs of the node agent that runs it (:class:`gpulab.runtime.agent.NodeAgent`)."""
+
+    cluster_dir: Path
+    client: api.Client
+    pods_dir: Path
+    images: ImageCatalog
+    image_manager: ImageManager
+    volumes: VolumeBuilder
+    devices: DeviceHooks
+    network: PodNetwork
+    logs: PodLogs
+
+
 class PodWorker(threading.Thread):
-    def __init__(self, agent: "NodeAgent", pod: dict[str, Any]):
+    def __init__(self, agent: PodHost, pod: dict[str, Any]):
         md = pod["metadata"]
         super().__init__(daemon=True, name=f"pod-{md['namespace']}/{md['name']}")
         self.agent = agent
@@ -481,7 +504,7 @@ class PodWorker(threading.Thread):
 
     def _program_context(self, c: Container, env: dict[str, str]) -> programs.ProgramContext:
         assert self.volumes is not None
-        return programs.ProgramContext(self.agent, self.node, self.pod, c.spec, env, dict(self.volumes),
+        return programs.ProgramContext(self.agent.network, self.node, self.pod, c.spec, env, dict(self.volumes),
                                        log=lambda stream, text: None, pod_ip=self.pod_ip)
 
     def _resume(self, c: Container) -> None:

@@ -22,17 +22,18 @@ from __future__ import annotations
 import dataclasses
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Protocol
+from typing import Any, Callable, Protocol
 
 from .images import image_repository
-
-if TYPE_CHECKING:
-    from .agent import NodeAgent
+from .network import PodNetwork
 
 
 @dataclasses.dataclass
 class ProgramContext:
-    agent: "NodeAgent"
+    """What a built-in program is given about the container it runs as."""
+
+    # the pod network, where a program serves a port (PodNetwork.listen)
+    network: PodNetwork
     node: str
     pod: dict[str, Any]
     container: dict[str, Any]

@@ -41,16 +41,14 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable
+from collections.abc import Collection, Mapping, Sequence
+from typing import Any, Callable, Iterable, Protocol
 
 import psutil
 from kubernetes.utils import parse_quantity
 from prometheus_client.exposition import generate_latest
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
-
-if TYPE_CHECKING:
-    from .agent import NodeAgent
 
 log = logging.getLogger("gpulab.runtime")
 
@@ -186,10 +184,42 @@ def exposition(node: Usage, containers: Iterable[ContainerSample], now: float | 
 # --------------------------------------------------------------------------- the node agent's nodes
 
 
+class MeteredPod(Protocol):
+    """A pod as :class:`ResourceMetrics` measures it (:class:`gpulab.runtime.pod.PodWorker`)."""
+
+    node: str
+    key: tuple[str, str, str]  # namespace, name, uid
+    pod: dict[str, Any]
+
+    @property
+    def init(self) -> Sequence[Any]:
+        """The init containers (:class:`gpulab.runtime.containers.Container`)."""
+
+    @property
+    def main(self) -> Sequence[Any]:
+        """The app containers."""
+
+
+class MeteredAgent(Protocol):
+    """What :class:`ResourceMetrics` reads of the node agent (:class:`gpulab.runtime.agent.NodeAgent`).
+
+    A Protocol, not the class: the cluster's bring-up reads this module's
+    constants without loading the whole pod runner.
+    """
+
+    @property
+    def nodes(self) -> Collection[str]:
+        """The nodes it plays the kubelet for."""
+
+    @property
+    def workers(self) -> Mapping[str, MeteredPod]:
+        """Its pods by UID."""
+
+
 class ResourceMetrics:
     """Each simulated node's page, measured from the node agent's pods when asked for."""
 
-    def __init__(self, agent: "NodeAgent"):
+    def __init__(self, agent: MeteredAgent):
         self.agent = agent
         self.me = psutil.Process()
         self.lock = threading.Lock()

@@ -411,6 +411,7 @@ def _start_relay(relay: dict) -> None:
             _serve_relay(port, relay["socket"])
         finally:
             os._exit(127)
+    # A wait by hand: this file runs on its own (python -I -S), without gpulab._poll.
     deadline = time.monotonic() + 10.0
     while True:
         try:

@@ -39,13 +39,11 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
 
 from .._fsutil import remove_tree, socket_home
 from . import execclient, sandbox
-
-if TYPE_CHECKING:
-    from .agent import NodeAgent
 
 log = logging.getLogger("gpulab.runtime")
 
@@ -66,10 +64,42 @@ def socket_path(cluster_dir: Path) -> Path:
 # -- the node agent's side ------------------------------------------------------------
 
 
+class ExecContainer(Protocol):
+    """A container as :class:`ExecServer` needs it (:class:`gpulab.runtime.containers.Container`)."""
+
+    name: str
+    state: str
+
+
+class ExecTarget(Protocol):
+    """A pod as :class:`ExecServer` needs it (:class:`gpulab.runtime.pod.PodWorker`)."""
+
+    dir: Path
+
+    @property
+    def init(self) -> Sequence[ExecContainer]: ...
+
+    @property
+    def main(self) -> Sequence[ExecContainer]: ...
+
+    def exec_spec(self, c: Any, argv: list[str], run: Path) -> sandbox.SandboxSpec:
+        """The sandbox of ``argv`` in container ``c``, to be run from ``run``."""
+
+
+class ExecHost(Protocol):
+    """What :class:`ExecServer` needs of the node agent (:class:`gpulab.runtime.agent.NodeAgent`)."""
+
+    cluster_dir: Path
+
+    @property
+    def workers(self) -> Mapping[str, ExecTarget]:
+        """The running pods by UID."""
+
+
 class ExecServer:
     """Runs ``kubectl exec`` commands in their container's sandbox, for the dispatcher."""
 
-    def __init__(self, agent: "NodeAgent"):
+    def __init__(self, agent: ExecHost):
         self.agent = agent
         self.path = socket_path(agent.cluster_dir)
 
@@ -183,6 +213,7 @@ def keep_farm(cluster_dir: Path, stop: threading.Event, interval: float = FARM_R
 
 def forward(cluster_dir: Path, sandbox_pid: int, port: int) -> int:
     """``kubectl port-forward``: relay stdin/stdout to 127.0.0.1:``port`` inside the pod's network namespace."""
+    # Imported here, not at the top: KWOK starts this module for every exec too, which needs no network.
     from .network import ClusterNetwork, DialError, NetworkError
 
     try:

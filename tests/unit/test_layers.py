@@ -1,10 +1,11 @@
 """The package's layers: imports only point down, and no package's modules import each other in a circle.
 
 The contracts live in pyproject.toml (``[tool.importlinter]``) and are checked
-by import-linter, which sees imports inside functions too. The second test
+by import-linter, which sees imports inside functions too, and (the contracts
+do not exclude them) imports under ``if TYPE_CHECKING:``. The second test
 shows the contracts are not toothless: the same two contract types fail on a
-small package with an upward import hidden in a function and a circle of two
-siblings.
+small package with an upward import hidden in a function, a circle of two
+siblings through an import in a function, and one through a type-only import.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import tomllib
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -30,9 +32,12 @@ def test_gpulab_imports_only_point_down_and_have_no_cycles() -> None:
     result = lint(REPO / "pyproject.toml", REPO, REPO)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "Contracts: 2 kept, 0 broken." in result.stdout
+    # Type-only imports count: no module hides half of a circle behind TYPE_CHECKING.
+    config = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]
+    assert config.get("exclude_type_checking_imports", False) is False
 
 
-def test_the_contracts_catch_an_upward_import_in_a_function_and_a_cycle(tmp_path: Path) -> None:
+def test_the_contracts_catch_an_upward_import_in_a_function_and_cycles(tmp_path: Path) -> None:
     pkg = tmp_path / "layered"
     (pkg / "low").mkdir(parents=True)
     files = {
@@ -44,6 +49,10 @@ def test_the_contracts_catch_an_upward_import_in_a_function_and_a_cycle(tmp_path
         # Two siblings that import each other.
         "low/b.py": "from layered.low import c\n",
         "low/c.py": "def later():\n    from layered.low import b\n    return b\n",
+        # Two more, the circle closed by an import for type hints only.
+        "low/d.py": "from layered.low import e\n",
+        "low/e.py": ("from typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n    from layered.low import d\n\n\n"
+                     "def f(x: 'd.Thing') -> None:\n    pass\n"),
     }
     for name, text in files.items():
         (pkg / name).write_text(text)
@@ -67,3 +76,6 @@ def test_the_contracts_catch_an_upward_import_in_a_function_and_a_cycle(tmp_path
     assert result.returncode == 1
     assert "Contracts: 0 kept, 2 broken." in result.stdout, result.stdout
     assert "layered.low.a -> layered.top" in result.stdout
+    cycles = result.stdout.split("No cycles are allowed in layered.low.")[1]
+    assert "It could be made acyclic by removing 2 dependencies" in cycles, result.stdout
+    assert (".b -> .c" in cycles or ".c -> .b" in cycles) and (".d -> .e" in cycles or ".e -> .d" in cycles)

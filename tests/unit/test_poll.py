@@ -23,6 +23,17 @@ def test_the_pause_grows_up_to_max_interval(pauses):
     assert pauses == pytest.approx([0.1, 0.15, 0.2, 0.2, 0.2])
 
 
+def test_a_stop_aware_pause_ends_the_wait_when_asked_to_stop(pauses):
+    taken: list[float] = []
+
+    def pause(seconds: float) -> bool:
+        taken.append(seconds)
+        return len(taken) == 2  # asked to stop during the second pause
+
+    assert _poll.until(lambda: None, 60, lambda _: RuntimeError(), interval=0.5, pause=pause) is None
+    assert taken == [0.5, 0.5] and pauses == []
+
+
 def test_without_max_interval_the_pause_stays(pauses):
     with pytest.raises(RuntimeError):
         _poll.until(lambda: None, 3, lambda _: RuntimeError(), interval=0.25)

@@ -11,9 +11,9 @@ GPUs ("In use by another client").
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
+from ... import _poll
 from ...kube import api
 from .. import mig
 from .host import Host, node_labels
@@ -95,13 +95,10 @@ class MigManagerMain:
 
     def _wait_gone(self, selector: str) -> bool:
         """Until no pod matches ``selector`` on the node; False when asked to stop. Raises TimeoutError."""
-        deadline = time.monotonic() + WAIT_S
-        while self._pods(selector):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"pods {selector} still on the node after {WAIT_S:.0f} s")
-            if self.host.wait(POLL):
-                return False
-        return True
+        gone = _poll.until(lambda: not self._pods(selector), WAIT_S,
+                           lambda _: TimeoutError(f"pods {selector} still on the node after {WAIT_S:.0f} s"),
+                           interval=POLL, pause=self.host.wait)
+        return gone is not None
 
 
 def run(host: Host) -> int:
