@@ -44,6 +44,8 @@ class ProgramContext:
     log: Callable[[str, str], None]
     # the pod's IP, once its sandbox has one
     pod_ip: str | None = None
+    # called when the program has ended by itself (its pod worker then looks at once)
+    exited: Callable[[], None] | None = None
 
 
 class Program(Protocol):
@@ -101,12 +103,16 @@ class FunctionProgram:
         except Exception as e:  # a crashing program is a crashing container
             self.ctx.log("stderr", f"fatal: {type(e).__name__}: {e}")
             self.exit_code = 1
+        finally:
+            if self.ctx.exited is not None and not self.stop_event.is_set():
+                self.ctx.exited()
 
     def start(self) -> None:
         self.thread.start()
 
     def poll(self) -> int | None:
-        return self.exit_code if not self.thread.is_alive() else None
+        # exit_code is set once the target has returned (or raised), before ``exited`` is called.
+        return self.exit_code
 
     def stop(self, grace: float) -> int:
         self.stop_event.set()
