@@ -81,6 +81,25 @@ def registered() -> list[str]:
         return sorted(_registry)
 
 
+class StopEvent(threading.Event):
+    """A program's stop signal that also wakes what the program sleeps on instead (:meth:`also_wake`): a program
+    waiting for a change need not wake every fraction of a second to look whether it was stopped."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._wakes: list[threading.Event] = []
+
+    def also_wake(self, event: threading.Event) -> None:
+        self._wakes.append(event)
+        if self.is_set():
+            event.set()
+
+    def set(self) -> None:
+        super().set()
+        for event in list(self._wakes):
+            event.set()
+
+
 class FunctionProgram:
     """A program made of one function run on a thread until ``stop`` is set.
 
@@ -91,7 +110,7 @@ class FunctionProgram:
     def __init__(self, ctx: ProgramContext, target: Callable[[threading.Event, ProgramContext], int | None]):
         self.ctx = ctx
         self.target = target
-        self.stop_event = threading.Event()
+        self.stop_event = StopEvent()
         self.exit_code: int | None = None
         self.thread = threading.Thread(target=self._run, daemon=True,
                                        name=f"program-{ctx.node}-{ctx.container['name']}")
