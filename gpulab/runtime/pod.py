@@ -12,6 +12,7 @@ with the real kube-controller-manager, which sees only this status.
 from __future__ import annotations
 
 import base64
+import contextlib
 import logging
 import re
 import subprocess
@@ -42,6 +43,8 @@ BACKOFF_MAX = 300.0
 #: may exit (its shim writes a file), an image is being pulled, a container is about to start, the pod holds GPUs
 #: (a neighbour's CUDA program can kill it).
 BUSY_WAIT = 0.25
+#: Pods of one node agent that sync at the same time (PodHost.sync_slots).
+SYNC_SLOTS = 16
 #: The longest a settled pod waits between looks: its containers are built-in programs (whose exit wakes the
 #: worker) or simulated processes, or it has finished. Anything else that concerns it wakes the worker too (an
 #: update from the API, its deletion, a ConfigMap it mounts), and a probe, restart or deadline due sooner shortens
@@ -91,6 +94,9 @@ class PodHost(Protocol):
     devices: DeviceHooks
     network: PodNetwork
     logs: PodLogs
+    # How many pods sync at once (SYNC_SLOTS): a fleet's hundreds of starting pods take turns instead of all
+    # contending for the interpreter and the connections to the apiserver at once.
+    sync_slots: threading.BoundedSemaphore
 
 
 class PodWorker(threading.Thread):
@@ -157,8 +163,11 @@ class PodWorker(threading.Thread):
     def run(self) -> None:
         while True:
             try:
-                if self.sync():
-                    return
+                # A pod on its way out syncs at once (its grace period must not wait for a slot, nor hold one).
+                leaving = self.stopping or self.gone or bool(self.pod["metadata"].get("deletionTimestamp"))
+                with contextlib.nullcontext() if leaving else self.agent.sync_slots:
+                    if self.sync():
+                        return
                 wait = self.next_wait(time.time())
             except Exception:  # a bug must not kill the node's other pods
                 log.exception("sync of pod %s/%s failed", self.key[0], self.key[1])
