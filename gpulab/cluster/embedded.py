@@ -61,6 +61,10 @@ from ..kube.topology import load as load_topology
 
 # Start order; stop is the reverse. kube-proxy runs only where pods get namespaces, in the pod network
 # the node agent makes (not in GPULAB_SANDBOX=process: see components()).
+#: kube-controller-manager's and kube-scheduler's client rates to the apiserver (``--kube-api-qps``,
+#: ``--kube-api-burst``; defaults 20 and 30): raised as operators of large clusters raise them, so that creating
+#: pods and binding them is not held to 20 requests a second (bench/scale_bench.py, BENCHMARKS.md).
+CLIENT_RATES = (100, 200)
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok",
               "node-agent", "metrics-server", "kube-proxy")
 NETWORK_COMPONENTS = ("kube-proxy",)
@@ -439,7 +443,8 @@ class EmbeddedCluster(StateDir):
             "--bind-address=127.0.0.1", f"--secure-port={port}",
             # One replica each: a lease left by the previous run would only
             # delay the restart.
-            "--leader-elect=false", "--kube-api-qps=100", "--kube-api-burst=200", "--v=0",
+            "--leader-elect=false", f"--kube-api-qps={CLIENT_RATES[0]}", f"--kube-api-burst={CLIENT_RATES[1]}",
+            "--v=0",
         ]
 
     # -- stop / reset / purge -------------------------------------------------

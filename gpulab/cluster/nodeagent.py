@@ -40,6 +40,8 @@ from ..runtime.resourcemetrics import SERVING_CERT, ResourceMetrics, ResourceMet
 
 # The port key in state.json of the resource metrics endpoint.
 RESOURCE_METRICS_PORT = "resource-metrics"
+#: The node agent's connections to the apiserver, shared by its threads (see :class:`gpulab.kube.api.Client`).
+API_CONNECTIONS = 48
 
 
 def baked_weights_image(root: Path) -> Entrypoint:
@@ -68,11 +70,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         stream=sys.stderr)
-    # One informer per kind for the whole process: the pod runner and the GPU stack share the watch of Nodes.
-    informers = SharedInformers(api.Client(args.cluster_dir / "kubeconfigs" / "node-agent.yaml"))
+    # One client for the whole process, its connections shared by every pod worker and program (a fleet's
+    # thousands of threads reuse API_CONNECTIONS connections instead of each opening its own), and one informer
+    # per kind: the pod runner and the GPU stack share the watch of Nodes.
+    client = api.Client(args.cluster_dir / "kubeconfigs" / "node-agent.yaml", connections=API_CONNECTIONS)
+    informers = SharedInformers(client)
     # The GPU side of every GPU node: device managers, GPUs, and NVIDIA's programs, which the DaemonSet
     # pods of the GPU Operator (and the operator's own pod) run as built-in images of this process.
-    gpus = GpuStack(args.cluster_dir, informers=informers)
+    gpus = GpuStack(args.cluster_dir, client=client, informers=informers)
     operands.register(gpus)
     operator.register(gpus)
     # The nodes' network namespace (started or adopted) with the apiserver relayed in, before any pod.
@@ -112,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
              for spec in StateDir(args.cluster_dir).topology().nodes}
     image_manager = ImageManager(args.cluster_dir / "nodes", lambda node: rates.get(node, DEFAULT_PULL_RATE))
     agent = NodeAgent(args.cluster_dir, network, devices=gpus, images=images, image_manager=image_manager,
-                      informers=informers)
+                      client=client, informers=informers)
 
     def on_term(signum, frame):
         agent.stop.set()

@@ -250,7 +250,7 @@ class GpuNode:
             tmp.write_text(json.dumps(doc, indent=2) + "\n")
             os.replace(tmp, self._hardware_file)
         self.refresh()
-        self.stack.notify()
+        self.stack.notify(self.name)
 
     def reload_faults(self) -> bool:
         """Pick up ``gpulab fault`` changes; True when they changed."""

@@ -154,7 +154,12 @@ class EmbeddedHost(ApiHost):
         self.log = Klog(ctx.log, source)
         self.settings = settings_of(ctx)
         self._stop = stop
-        self._sub = stack.subscribe()
+        self._sub = stack.subscribe(ctx.node)
+        # A program's stop wakes its wait at once (its node agent's programs); any other stop is looked at
+        # every _STOP_CHECK_S.
+        self._stop_wakes = isinstance(stop, programs.StopEvent)
+        if self._stop_wakes:
+            stop.also_wake(self._sub.event)
 
     def __enter__(self) -> "EmbeddedHost":
         return self
@@ -168,7 +173,7 @@ class EmbeddedHost(ApiHost):
         deadline = time.monotonic() + seconds
         while not self._stop.is_set():
             left = deadline - time.monotonic()
-            if left <= 0 or self._sub.wait(min(left, _STOP_CHECK_S)):
+            if left <= 0 or self._sub.wait(left if self._stop_wakes else min(left, _STOP_CHECK_S)):
                 break
         return self._stop.is_set()
 

@@ -41,9 +41,13 @@ log = logging.getLogger("gpulab.fakegpu")
 
 
 class Subscription:
-    """Wakes a program when the cluster or the simulated hardware changed."""
+    """Wakes a program when the cluster or the simulated hardware changed: for a program of one node (``node``),
+    what concerns that node or the whole cluster; for a cluster-wide one (``node`` None), what concerns the whole
+    cluster, a node's labels, annotations or spec, and any node's hardware. A Node's status (KWOK's heartbeats)
+    wakes only its own node's programs: a fleet's programs are not all woken by every node's heartbeat."""
 
-    def __init__(self) -> None:
+    def __init__(self, node: str | None = None) -> None:
+        self.node = node
         self.event = threading.Event()
 
     def wait(self, timeout: float) -> bool:
@@ -73,9 +77,11 @@ class GpuStack:
         self.nodes_informer = self.informers.informer("Node")
         # ClusterPolicies: the operator's programs reconcile when one changes.
         self.policies = self.informers.informer("ClusterPolicy")
-        for informer in (self.nodes_informer, self.policies):
-            informer.add_handler(on_add=lambda obj: self.notify(), on_update=lambda old, new: self.notify(),
-                                 on_delete=lambda obj: self.notify())
+        self.nodes_informer.add_handler(on_add=lambda obj: self._node_changed(None, obj),
+                                        on_update=self._node_changed,
+                                        on_delete=lambda obj: self._node_changed(obj, None))
+        self.policies.add_handler(on_add=lambda obj: self.notify(), on_update=lambda old, new: self.notify(),
+                                  on_delete=lambda obj: self.notify())
         self.gpu_nodes: dict[str, GpuNode] = {}
         for spec in self._topology().gpu_nodes:
             self.gpu_nodes[spec.name] = GpuNode(self, spec, self.cluster_dir)
@@ -103,14 +109,12 @@ class GpuStack:
 
     def _watch_faults(self, stop: threading.Event) -> None:
         while not stop.wait(0.5):
-            changed = False
             for node in self.gpu_nodes.values():
                 try:
-                    changed |= node.reload_faults()
+                    if node.reload_faults():
+                        self.notify(node.name)
                 except Exception:
                     log.exception("cannot reload faults of %s", node.name)
-            if changed:
-                self.notify()
 
     def _apply_loads(self, stop: threading.Event, every: float = 2.0) -> None:
         # Programs report what they compute (the traffic that reached them): every few seconds
@@ -146,8 +150,9 @@ class GpuStack:
         """Every Node, as last seen by the shared watch of Nodes."""
         return self.nodes_informer.list()
 
-    def subscribe(self) -> Subscription:
-        sub = Subscription()
+    def subscribe(self, node: str | None = None) -> Subscription:
+        """Be woken by changes (see :class:`Subscription`): those of ``node`` and the cluster's, or all."""
+        sub = Subscription(node)
         with self._subs_lock:
             self._subs.add(sub)
         return sub
@@ -156,11 +161,28 @@ class GpuStack:
         with self._subs_lock:
             self._subs.discard(sub)
 
-    def notify(self) -> None:
+    def notify(self, node: str | None = None, everyone: bool = True) -> None:
+        """Wake the subscribers concerned: with ``node``, that node's programs and (with ``everyone``) the
+        cluster-wide ones; without, all of them."""
         with self._subs_lock:
-            subs = list(self._subs)
+            subs = [s for s in self._subs
+                    if node is None or s.node == node or (s.node is None and everyone)]
         for s in subs:
             s.event.set()
+
+    @staticmethod
+    def _shape(node: dict[str, Any] | None) -> tuple[Any, ...] | None:
+        """What cluster-wide programs read of a Node: its labels, annotations and spec (not its status)."""
+        if node is None:
+            return None
+        md = node.get("metadata") or {}
+        return md.get("labels"), md.get("annotations"), node.get("spec")
+
+    def _node_changed(self, old: dict[str, Any] | None, new: dict[str, Any] | None) -> None:
+        """A Node was added, changed (or listed again) or deleted: wake its programs, and the cluster-wide ones
+        unless only its status changed."""
+        name = (new or old or {}).get("metadata", {}).get("name")
+        self.notify(name, everyone=self._shape(old) != self._shape(new))
 
     def node_event(self, node: str, reason: str, message: str, type_: str = "Normal",
                    component: str = OPERATOR_COMPONENT) -> None:

@@ -124,11 +124,18 @@ def token_header(cfg: kubernetes.client.Configuration) -> dict[str, str]:
 
 
 class Client:
-    def __init__(self, kubeconfig: Path | str, timeout: float = 30):
+    def __init__(self, kubeconfig: Path | str, timeout: float = 30, connections: int | None = None):
+        """``connections``: for a client many threads share (the node agent's), keep that many connections to
+        the apiserver and have a thread wait for a free one rather than open (and TLS-handshake) a connection of
+        its own that the pool would throw away; watches hold one each while they stream. By default the
+        generated client's pool: 5 per CPU, a thread never waits."""
         self._api = kubernetes.client.ApiClient(load_configuration(kubeconfig))
         # The generated client's REST layer is bypassed; its urllib3 pool
         # already carries the kubeconfig's TLS material.
         self._pool = self._api.rest_client.pool_manager
+        if connections:
+            shared = {**self._pool.connection_pool_kw, "maxsize": connections, "block": True}
+            self._pool = urllib3.PoolManager(num_pools=4, **shared)
         self.timeout = timeout
 
     def close(self) -> None:

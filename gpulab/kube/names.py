@@ -26,8 +26,9 @@ STORAGE_CLASS = "standard"
 PROVISIONER = "gpulab.io/local-path"
 
 # The embedded control plane's address ranges (kube-controller-manager's node IPAM
-# hands each node a /24 of POD_CIDR; Services get ClusterIPs from SERVICE_CIDR).
-POD_CIDR = "10.244.0.0/16"
+# hands each node a /24 of POD_CIDR, in order: 10.244.0.0/24, 10.244.1.0/24, …, as kind's 10.244.0.0/16 does;
+# a /14 has room for 1024 nodes, as GKE's default pod range; Services get ClusterIPs from SERVICE_CIDR).
+POD_CIDR = "10.244.0.0/14"
 SERVICE_CIDR = "10.96.0.0/16"
 # The `kubernetes` Service (the first address of SERVICE_CIDR) and cluster DNS (`kube-dns`, CoreDNS),
 # which every pod's resolv.conf names, as kubeadm and kind place them.

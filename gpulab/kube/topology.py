@@ -48,7 +48,8 @@ QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|Ki|Mi|Gi|Ti|Pi|M|G|T|P)?$")
 TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 LABEL_KEY = re.compile(r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
 LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
-MAX_NODES = 200
+#: The most nodes a topology may have: POD_CIDR has a /24 for each of 1024 (manifests/topologies/fleet-1000.yaml).
+MAX_NODES = 1000
 #: The ephemeral-storage every simulated node has (its "disk"; the topology does not set it).
 EPHEMERAL_STORAGE = "500Gi"
 PERCENT = re.compile(r"^[0-9]+(\.[0-9]+)?%$")

@@ -29,7 +29,7 @@ from .devices import DeviceHooks, NoDevices
 from .imagemanager import ImageManager
 from .images import ImageCatalog
 from .network import PodNetwork
-from .pod import PodWorker
+from .pod import SYNC_SLOTS, PodWorker
 from .provisioner import Provisioner
 from .volumes import VolumeBuilder
 from ..kube.names import NODE_ANNOTATION
@@ -129,9 +129,10 @@ class NodeAgent:
 
     def __init__(self, cluster_dir: Path, network: PodNetwork, devices: DeviceHooks | None = None,
                  images: ImageCatalog | None = None, image_manager: ImageManager | None = None,
-                 informers: SharedInformers | None = None):
+                 informers: SharedInformers | None = None, client: api.Client | None = None):
         self.cluster_dir = cluster_dir
-        self.client = api.Client(cluster_dir / "kubeconfigs" / "node-agent.yaml")
+        self.client = client or api.Client(cluster_dir / "kubeconfigs" / "node-agent.yaml")
+        self.sync_slots = threading.BoundedSemaphore(SYNC_SLOTS)
         self._own_informers = informers is None
         self.informers = informers or SharedInformers(self.client)
         self.pods_dir = cluster_dir / "pods"

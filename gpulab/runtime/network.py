@@ -571,8 +571,10 @@ def conflist(node_host: Path, pod_cidr: str, bridge: str) -> dict[str, Any]:
 
 
 def bridge_name(pod_cidr: str) -> str:
-    """A bridge per node, named by its podCIDR's third octet (10.244.3.0/24 → ``cni3``): within 15 bytes."""
-    return "cni" + pod_cidr.split(".")[2]
+    """A bridge per node, named by its podCIDR's place in POD_CIDR: 10.244.3.0/24 → ``cni3``, 10.245.3.0/24 →
+    ``cni259`` (within the 15 bytes of a Linux interface name)."""
+    offset = int(ipaddress.ip_network(pod_cidr).network_address) - int(ipaddress.ip_network(POD_CIDR).network_address)
+    return f"cni{offset >> 8}"
 
 
 class PodNetwork:

@@ -12,6 +12,7 @@ with the real kube-controller-manager, which sees only this status.
 from __future__ import annotations
 
 import base64
+import contextlib
 import logging
 import re
 import subprocess
@@ -38,6 +39,17 @@ log = logging.getLogger("gpulab.runtime")
 
 BACKOFF_INITIAL = 10.0
 BACKOFF_MAX = 300.0
+#: How often a pod worker looks at a pod while something about it can change at any moment: a container's process
+#: may exit (its shim writes a file), an image is being pulled, a container is about to start, the pod holds GPUs
+#: (a neighbour's CUDA program can kill it).
+BUSY_WAIT = 0.25
+#: Pods of one node agent that sync at the same time (PodHost.sync_slots).
+SYNC_SLOTS = 16
+#: The longest a settled pod waits between looks: its containers are built-in programs (whose exit wakes the
+#: worker) or simulated processes, or it has finished. Anything else that concerns it wakes the worker too (an
+#: update from the API, its deletion, a ConfigMap it mounts), and a probe, restart or deadline due sooner shortens
+#: the wait. A fleet's thousands of GPU-stack pods then cost nothing between events.
+SETTLED_WAIT = 30.0
 VAR_REF = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)|\$\$")
 #: The pod conditions this node side writes (others, such as the scheduler's PodScheduled, are kept as found).
 KUBELET_CONDITIONS = ("PodReadyToStartContainers", "Initialized", "ContainersReady", "Ready")
@@ -82,6 +94,9 @@ class PodHost(Protocol):
     devices: DeviceHooks
     network: PodNetwork
     logs: PodLogs
+    # How many pods sync at once (SYNC_SLOTS): a fleet's hundreds of starting pods take turns instead of all
+    # contending for the interpreter and the connections to the apiserver at once.
+    sync_slots: threading.BoundedSemaphore
 
 
 class PodWorker(threading.Thread):
@@ -148,13 +163,45 @@ class PodWorker(threading.Thread):
     def run(self) -> None:
         while True:
             try:
-                if self.sync():
-                    return
+                # A pod on its way out syncs at once (its grace period must not wait for a slot, nor hold one).
+                leaving = self.stopping or self.gone or bool(self.pod["metadata"].get("deletionTimestamp"))
+                with contextlib.nullcontext() if leaving else self.agent.sync_slots:
+                    if self.sync():
+                        return
+                wait = self.next_wait(time.time())
             except Exception:  # a bug must not kill the node's other pods
                 log.exception("sync of pod %s/%s failed", self.key[0], self.key[1])
-                time.sleep(1)
-            self.wake.wait(0.25)
+                wait = 1.0
+            self.wake.wait(wait)
             self.wake.clear()
+
+    def next_wait(self, now: float) -> float:
+        """Seconds until the next look at the pod, unless something wakes the worker first (see SETTLED_WAIT)."""
+        if self.stopping or self.gone:
+            return BUSY_WAIT
+        if self.terminal:
+            return SETTLED_WAIT
+        if not (self.admitted and self.volumes is not None and self.initialized) or self.device_grants:
+            return BUSY_WAIT
+        due = now + SETTLED_WAIT
+        deadline = self.pod["spec"].get("activeDeadlineSeconds")
+        if deadline is not None and self.start_time is not None:
+            due = min(due, self.start_time + float(deadline))
+        for c in self.init + self.main:
+            if c.state == "running":
+                if c.shim is not None or c.needs_resume:
+                    return BUSY_WAIT
+                if c.simulated and c.deadline:
+                    due = min(due, c.deadline)
+                if c.prober is not None:
+                    due = min([due, *(st.next_at for st in c.prober.states.values())])
+            elif c.state == "waiting":
+                if c.pull is not None or c.next_start <= now:
+                    return BUSY_WAIT
+                due = min(due, c.next_start)
+            elif c.state == "terminated" and not (c.init and c.termination and c.termination.exit_code == 0):
+                due = min(due, c.next_start)
+        return min(SETTLED_WAIT, max(BUSY_WAIT, due - now))
 
     # -- adoption after a node-agent restart ----------------------------------
 
@@ -505,7 +552,7 @@ class PodWorker(threading.Thread):
     def _program_context(self, c: Container, env: dict[str, str]) -> programs.ProgramContext:
         assert self.volumes is not None
         return programs.ProgramContext(self.agent.network, self.node, self.pod, c.spec, env, dict(self.volumes),
-                                       log=lambda stream, text: None, pod_ip=self.pod_ip)
+                                       log=lambda stream, text: None, pod_ip=self.pod_ip, exited=self.wake.set)
 
     def _resume(self, c: Container) -> None:
         """Run a built-in program again in its container after the node agent restarted."""

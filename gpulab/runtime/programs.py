@@ -44,6 +44,8 @@ class ProgramContext:
     log: Callable[[str, str], None]
     # the pod's IP, once its sandbox has one
     pod_ip: str | None = None
+    # called when the program has ended by itself (its pod worker then looks at once)
+    exited: Callable[[], None] | None = None
 
 
 class Program(Protocol):
@@ -79,6 +81,25 @@ def registered() -> list[str]:
         return sorted(_registry)
 
 
+class StopEvent(threading.Event):
+    """A program's stop signal that also wakes what the program sleeps on instead (:meth:`also_wake`): a program
+    waiting for a change need not wake every fraction of a second to look whether it was stopped."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._wakes: list[threading.Event] = []
+
+    def also_wake(self, event: threading.Event) -> None:
+        self._wakes.append(event)
+        if self.is_set():
+            event.set()
+
+    def set(self) -> None:
+        super().set()
+        for event in list(self._wakes):
+            event.set()
+
+
 class FunctionProgram:
     """A program made of one function run on a thread until ``stop`` is set.
 
@@ -89,7 +110,7 @@ class FunctionProgram:
     def __init__(self, ctx: ProgramContext, target: Callable[[threading.Event, ProgramContext], int | None]):
         self.ctx = ctx
         self.target = target
-        self.stop_event = threading.Event()
+        self.stop_event = StopEvent()
         self.exit_code: int | None = None
         self.thread = threading.Thread(target=self._run, daemon=True,
                                        name=f"program-{ctx.node}-{ctx.container['name']}")
@@ -101,12 +122,16 @@ class FunctionProgram:
         except Exception as e:  # a crashing program is a crashing container
             self.ctx.log("stderr", f"fatal: {type(e).__name__}: {e}")
             self.exit_code = 1
+        finally:
+            if self.ctx.exited is not None and not self.stop_event.is_set():
+                self.ctx.exited()
 
     def start(self) -> None:
         self.thread.start()
 
     def poll(self) -> int | None:
-        return self.exit_code if not self.thread.is_alive() else None
+        # exit_code is set once the target has returned (or raised), before ``exited`` is called.
+        return self.exit_code
 
     def stop(self, grace: float) -> int:
         self.stop_event.set()

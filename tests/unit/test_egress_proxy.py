@@ -119,7 +119,7 @@ def test_localhost_and_the_loopback_are_dialled_on_the_host(target, dialled):
 
 
 @pytest.mark.parametrize("target,why", [("8.8.8.8:53", "8.8.8.8 is outside the cluster"),
-                                        ("10.245.0.1:80", "10.245.0.1 is outside the cluster"),
+                                        ("10.248.0.1:80", "10.248.0.1 is outside the cluster"),
                                         ("metrics.example.com:443", "metrics.example.com is not an address of "
                                                                      "the cluster")])
 def test_anything_else_is_refused_with_403_and_its_reason(target, why):

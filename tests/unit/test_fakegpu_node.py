@@ -59,7 +59,7 @@ class Stack:
     def __init__(self) -> None:
         self.client = Recorder()
 
-    def notify(self) -> None:
+    def notify(self, node=None, everyone=True) -> None:
         pass
 
     def pod_event(self, pod, reason, message, type_="Normal") -> None:
@@ -389,3 +389,39 @@ def test_a_deep_node_directory_gets_short_socket_paths(tmp_path, monkeypatch):
     assert not short.exists()
     shutil.rmtree(run)
     shutil.rmtree(base)
+
+
+def test_a_nodes_heartbeat_wakes_only_its_own_programs_and_a_label_change_the_cluster_wide_ones():
+    """A fleet's programs are not all woken by each node's status update (KWOK's heartbeats): O(nodes), not
+    O(nodes²). Labels, annotations and spec concern the cluster-wide programs too (the operator)."""
+    import threading
+
+    from gpulab.fakegpu.stack import GpuStack
+
+    stack = GpuStack.__new__(GpuStack)  # only the subscriptions: no cluster, no hardware
+    stack._subs, stack._subs_lock = set(), threading.Lock()
+    a, b, operator = stack.subscribe("node-a"), stack.subscribe("node-b"), stack.subscribe()
+
+    def woken() -> set[str]:
+        names = {name for name, sub in (("a", a), ("b", b), ("operator", operator)) if sub.event.is_set()}
+        for sub in (a, b, operator):
+            sub.event.clear()
+        return names
+
+    node = {"metadata": {"name": "node-a", "labels": {"x": "1"}}, "spec": {}, "status": {"conditions": []}}
+    beat = {**node, "status": {"conditions": [{"type": "Ready", "lastHeartbeatTime": "now"}]}}
+    stack._node_changed(node, beat)
+    assert woken() == {"a"}
+    relabelled = {**beat, "metadata": {"name": "node-a", "labels": {"x": "2"}}}
+    stack._node_changed(beat, relabelled)
+    assert woken() == {"a", "operator"}
+    stack._node_changed(relabelled, relabelled)  # listed again, unchanged
+    assert woken() == {"a"}
+    stack._node_changed(relabelled, None)  # deleted
+    assert woken() == {"a", "operator"}
+    stack._node_changed(None, node)  # added
+    assert woken() == {"a", "operator"}
+    stack.notify()  # a ClusterPolicy changed
+    assert woken() == {"a", "b", "operator"}
+    stack.notify("node-b")  # its hardware or faults changed
+    assert woken() == {"b", "operator"}

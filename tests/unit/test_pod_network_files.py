@@ -44,6 +44,8 @@ def test_write_mounts_the_three_files_at_their_etc_paths(tmp_path: Path):
 
 
 def test_a_nodes_cni_config_is_a_bridge_on_its_pod_cidr_with_host_local_ipam(tmp_path: Path):
+    assert [network.bridge_name(c) for c in ("10.244.0.0/24", "10.244.3.0/24", "10.245.3.0/24", "10.247.255.0/24")] \
+        == ["cni0", "cni3", "cni259", "cni1023"]
     conf = network.conflist(tmp_path, "10.244.3.0/24", network.bridge_name("10.244.3.0/24"))
     bridge, portmap = conf["plugins"]
     assert (bridge["type"], bridge["bridge"], bridge["isGateway"]) == ("bridge", "cni3", True)

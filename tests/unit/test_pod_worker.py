@@ -66,3 +66,70 @@ def test_a_pod_refused_at_admission_is_reported_as_the_kubelets_reject_pod(tmp_p
     reported = {k: v for k, v in status.items() if v is not None}
     after = _worker([], tmp_path, reported)
     assert after.rejected and after.status() == reported
+
+
+def _settled(tmp_path: Path, **spec) -> PodWorker:
+    """A worker whose pod is admitted, set up and running its one container (as ``spec`` says)."""
+    worker = _worker([], tmp_path)
+    worker.admitted, worker.volumes, worker.initialized = True, {}, True
+    worker.pod["spec"].update(spec)
+    (c,) = worker.main
+    c.state, c.deadline = "running", None
+    return worker
+
+
+def test_a_settled_pod_is_looked_at_when_woken_or_when_something_is_due(tmp_path):
+    """A fleet's GPU-stack pods cost nothing between events: a built-in program's or simulated container's pod
+    waits SETTLED_WAIT, or less when a probe, a restart or a deadline is due; anything that may change any moment
+    keeps the short wait."""
+    now = 1000.0
+    worker = _settled(tmp_path)
+    c = worker.main[0]
+    assert worker.next_wait(now) == pod_module.SETTLED_WAIT
+    c.deadline = now + 12
+    assert worker.next_wait(now) == 12
+    c.prober = SimpleNamespace(states={"readinessProbe": SimpleNamespace(next_at=now + 3)})
+    assert worker.next_wait(now) == 3
+    c.prober = SimpleNamespace(states={"livenessProbe": SimpleNamespace(next_at=now - 1)})
+    assert worker.next_wait(now) == pod_module.BUSY_WAIT  # overdue: never less than the short wait
+    c.prober, c.deadline = None, None
+    worker.pod["spec"]["activeDeadlineSeconds"] = 30
+    worker.start_time = now - 25
+    assert worker.next_wait(now) == 5
+    del worker.pod["spec"]["activeDeadlineSeconds"]
+    c.state, c.next_start = "terminated", now + 40  # in back-off
+    assert worker.next_wait(now) == pod_module.SETTLED_WAIT
+    c.next_start = now + 7
+    assert worker.next_wait(now) == 7
+
+    for busy in (dict(shim=object()), dict(state="waiting", next_start=now), dict(state="waiting", pull=object())):
+        worker = _settled(tmp_path)
+        for key, value in busy.items():
+            setattr(worker.main[0], key, value)
+        assert worker.next_wait(now) == pod_module.BUSY_WAIT, busy
+    worker = _settled(tmp_path)
+    worker.device_grants = {"main": object()}  # a neighbour's CUDA program can kill it at any moment
+    assert worker.next_wait(now) == pod_module.BUSY_WAIT
+    worker = _settled(tmp_path)
+    worker.admitted = False
+    assert worker.next_wait(now) == pod_module.BUSY_WAIT
+    worker.terminal = "Succeeded"
+    assert worker.next_wait(now) == pod_module.SETTLED_WAIT
+
+
+def test_a_built_in_program_that_ends_by_itself_wakes_its_pod_worker():
+    import threading
+
+    from gpulab.runtime import programs
+
+    woken = threading.Event()
+    ctx = programs.ProgramContext(None, "n", {}, {"name": "c"}, {}, {}, log=lambda s, t: None, exited=woken.set)
+    program = programs.FunctionProgram(ctx, lambda stop, c: 3)
+    program.start()
+    assert woken.wait(5) and program.poll() == 3  # the exit code is there when the worker looks
+    stopped = threading.Event()
+    ctx = programs.ProgramContext(None, "n", {}, {"name": "c"}, {}, {}, log=lambda s, t: None, exited=stopped.set)
+    program = programs.FunctionProgram(ctx, lambda stop, c: stop.wait(5))
+    program.start()
+    program.stop(grace=1)
+    assert not stopped.is_set()  # stopped by the worker: it knows already

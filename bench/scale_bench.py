@@ -1,0 +1,270 @@
+"""Fleet-scale benchmark: a large topology brought up, thousands of GPU pods bound and Running, against KWOK alone.
+
+    .venv/bin/python bench/scale_bench.py [--topology manifests/topologies/fleet-1000.yaml] [--pods 8000]
+                                          [--no-kwok] [--timeout 600]
+
+1. ``gpulab up`` of the topology in a temporary ``GPULAB_HOME``: seconds until every node is Ready, until the GPU
+   Operator is ready on every GPU node (its operand DaemonSets' pods Running), and in all; then the memory (RSS)
+   of each component of the cluster.
+2. A Deployment of ``--pods`` single-GPU pods (no command: each container is simulated as a process that runs
+   until stopped) on that cluster: seconds from its creation until every pod is bound by the scheduler, and until
+   every pod is Running; pods per second.
+3. The anchor, KWOK alone (``kwokctl create cluster --runtime binary``, the same binaries and the same
+   control-plane client rates gpulab sets): the same nodes (capacity and ``nvidia.com/gpu``) created as Node
+   objects that KWOK keeps Ready, and the same Deployment. Its pods are Running as soon as KWOK says so.
+
+Results print as one Markdown table for BENCHMARKS.md. Long phases print progress on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from gpulab.cluster import binaries  # noqa: E402
+from gpulab.cluster.embedded import CLIENT_RATES, EmbeddedCluster  # noqa: E402
+from gpulab.kube import api  # noqa: E402
+from gpulab.kube.topology import load as load_topology  # noqa: E402
+
+GPU = "nvidia.com/gpu"
+
+
+def progress(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def rss_mib(pid: int) -> float:
+    """RSS of ``pid`` and its children, MiB."""
+    try:
+        procs = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return 0.0
+    total = 0
+    for p in procs:
+        try:
+            total += p.memory_info().rss
+        except psutil.NoSuchProcess:
+            pass
+    return total / 2**20
+
+
+def deployment(name: str, replicas: int) -> dict:
+    return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name, "namespace": "default"},
+            "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": name}},
+                     "template": {"metadata": {"labels": {"app": name}},
+                                  "spec": {"terminationGracePeriodSeconds": 0,
+                                           "containers": [{"name": "train", "image": "busybox:1.36",
+                                                           "resources": {"limits": {GPU: "1"}}}]}}}}
+
+
+class PodCounter:
+    """Watches the pods of ``app=NAME``: when each was first seen bound, and Running."""
+
+    def __init__(self, client: api.Client, name: str):
+        self.client, self.name = client, name
+        self.bound: dict[str, float] = {}
+        self.running: dict[str, float] = {}
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> PodCounter:
+        self.thread.start()
+        return self
+
+    def _note(self, pod: dict) -> None:
+        uid, now = pod["metadata"]["uid"], time.monotonic()
+        if pod.get("spec", {}).get("nodeName"):
+            self.bound.setdefault(uid, now)
+        if (pod.get("status") or {}).get("phase") == "Running":
+            self.running.setdefault(uid, now)
+
+    def _run(self) -> None:
+        selector = f"app={self.name}"
+        while not self.stop.is_set():
+            try:
+                listed = self.client.list_raw("Pod", "default", label_selector=selector)
+                for pod in listed.get("items") or []:
+                    self._note(pod)
+                rv = listed["metadata"]["resourceVersion"]
+                for ev in self.client.watch("Pod", rv, "default", timeout_seconds=60):  # only this app's pods are there
+                    if self.stop.is_set():
+                        return
+                    if ev["type"] in ("ADDED", "MODIFIED"):
+                        self._note(ev["object"])
+            except Exception as e:  # noqa: BLE001 - a benchmark's watch just starts over
+                progress(f"  (pod watch: {type(e).__name__}: {e}; listing again)")
+                time.sleep(1)
+
+    def wait(self, count: int, timeout: float, what: str) -> tuple[float | None, float | None]:
+        """Seconds (monotonic) when ``count`` pods were bound and Running; None where the timeout came first."""
+        deadline, shown = time.monotonic() + timeout, 0.0
+        while time.monotonic() < deadline and len(self.running) < count:
+            if time.monotonic() - shown > 10:
+                progress(f"  {what}: {len(self.bound)} bound, {len(self.running)} Running of {count}")
+                shown = time.monotonic()
+            time.sleep(0.5)
+        self.stop.set()
+        bound = sorted(self.bound.values())
+        running = sorted(self.running.values())
+        return (bound[count - 1] if len(bound) >= count else None,
+                running[count - 1] if len(running) >= count else None)
+
+
+def pod_throughput(client: api.Client, pods: int, timeout: float, what: str) -> dict[str, float | None]:
+    counter = PodCounter(client, "fleet-train").start()
+    time.sleep(1)
+    start = time.monotonic()
+    client.apply(deployment("fleet-train", pods), manager="scale-bench")
+    bound, running = counter.wait(pods, timeout, what)
+    return {"bound_s": None if bound is None else bound - start,
+            "running_s": None if running is None else running - start,
+            "pods_per_s": None if running is None else pods / (running - start),
+            "running": float(len(counter.running))}
+
+
+def bench_gpulab(topology: Path, pods: int, timeout: float) -> dict:
+    home = Path(tempfile.mkdtemp(prefix="glscale-", dir="/tmp"))
+    os.environ["LANGUAGE"] = "en"  # the progress lines below are read in English (gpulab/i18n.py)
+    cluster = EmbeddedCluster(home / "cluster")
+    out: dict = {}
+    start = time.monotonic()
+
+    def say(msg: str) -> None:
+        progress(f"  gpulab: {msg}")
+        if "nodes Ready after" in msg:
+            out["nodes_ready_s"] = time.monotonic() - start
+        if "GPU Operator ready" in msg:
+            out["gpu_stack_s"] = time.monotonic() - start
+
+    try:
+        cluster.up(topology, say=say, timeout=timeout)
+        out["up_s"] = time.monotonic() - start
+        time.sleep(5)
+        out["rss"] = {name: rss_mib(pid) for name, pid in sorted(cluster.running().items())}
+        if pods:
+            client = api.Client(cluster.kubeconfig)
+            out["pods"] = pod_throughput(client, pods, timeout, "gpulab")
+            out["rss_with_pods"] = {name: rss_mib(pid) for name, pid in sorted(cluster.running().items())}
+    finally:
+        cluster.down(purge=True, say=lambda m: None)
+        shutil.rmtree(home, ignore_errors=True)
+    return out
+
+
+def kwok_nodes(topology: Path) -> list[dict]:
+    """The topology's nodes as Node objects KWOK keeps Ready: capacity as gpulab's, nothing else."""
+    nodes = []
+    for node in load_topology(topology).nodes:
+        capacity = {"cpu": node.cpu, "memory": node.memory, "pods": "110"}
+        if node.gpu_count:
+            capacity[GPU] = str(node.gpu_count)
+        nodes.append({"apiVersion": "v1", "kind": "Node",
+                      "metadata": {"name": node.name, "annotations": {"kwok.x-k8s.io/node": "fake"},
+                                   "labels": {"type": "kwok", "kubernetes.io/hostname": node.name}},
+                      "status": {"capacity": capacity, "allocatable": capacity}})
+    return nodes
+
+
+def bench_kwok(topology: Path, pods: int, timeout: float) -> dict:
+    bins = binaries.ensure(lambda m: None)
+    work = Path(tempfile.mkdtemp(prefix="kwscale-", dir="/tmp"))
+    qps, burst = CLIENT_RATES
+    rates = [{"key": "kube-api-qps", "value": str(qps)}, {"key": "kube-api-burst", "value": str(burst)}]
+    config = {"kind": "KwokctlConfiguration", "apiVersion": "config.kwok.x-k8s.io/v1alpha1",
+              "options": {"runtime": "binary", "bindAddress": "127.0.0.1",
+                          "kubeApiserverBinary": str(bins["kube-apiserver"]),
+                          "kubeControllerManagerBinary": str(bins["kube-controller-manager"]),
+                          "kubeSchedulerBinary": str(bins["kube-scheduler"]),
+                          "kwokControllerBinary": str(bins["kwok"]), "etcdBinary": str(bins["etcd"])},
+              "componentsPatches": [{"name": "kube-controller-manager", "extraArgs": rates},
+                                    {"name": "kube-scheduler", "extraArgs": rates}]}
+    (work / "kwokctl.yaml").write_text(yaml.safe_dump(config))
+    env = dict(os.environ, KWOK_WORKDIR=str(work / "kwok"), PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+    kubeconfig = work / "kubeconfig"
+    out: dict = {}
+    try:
+        start = time.monotonic()
+        subprocess.run([str(bins["kwokctl"]), "-c", str(work / "kwokctl.yaml"), "create", "cluster", "--name",
+                        "scale", "--runtime", "binary", "--wait", "2m", "--kubeconfig", str(kubeconfig)],
+                       env=env, check=True, capture_output=True)
+        out["create_s"] = time.monotonic() - start
+        client = api.Client(kubeconfig)
+        nodes = kwok_nodes(topology)
+        start = time.monotonic()
+        for node in nodes:
+            client.create(node)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            ready = sum(1 for n in client.list("Node") if any(
+                c["type"] == "Ready" and c["status"] == "True" for c in (n.get("status") or {}).get("conditions") or []))
+            if ready >= len(nodes):
+                break
+            time.sleep(1)
+        out["nodes_ready_s"] = time.monotonic() - start
+        pids = [int(p.read_text()) for p in (work / "kwok" / "clusters" / "scale" / "pids").glob("*.pid")]
+        out["rss"] = sum(rss_mib(pid) for pid in pids)
+        if pods:
+            out["pods"] = pod_throughput(client, pods, timeout, "KWOK alone")
+    finally:
+        subprocess.run([str(bins["kwokctl"]), "delete", "cluster", "--name", "scale", "--kubeconfig", str(kubeconfig)],
+                       env=env, capture_output=True)
+        shutil.rmtree(work, ignore_errors=True)
+    return out
+
+
+def fmt(value: float | None, unit: str = "s") -> str:
+    return "—" if value is None else f"{value:.1f} {unit}".strip()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--topology", type=Path, default=REPO / "manifests" / "topologies" / "fleet-1000.yaml")
+    ap.add_argument("--pods", type=int, default=8000)
+    ap.add_argument("--no-kwok", action="store_true", help="skip the KWOK-alone anchor")
+    ap.add_argument("--timeout", type=float, default=600)
+    args = ap.parse_args()
+    topo = load_topology(args.topology)
+    progress(f"topology {topo.name}: {len(topo.nodes)} nodes, {sum(n.gpu_count for n in topo.nodes)} GPUs")
+    g = bench_gpulab(args.topology, args.pods, args.timeout)
+    k = None if args.no_kwok else bench_kwok(args.topology, args.pods, args.timeout)
+    qps, burst = CLIENT_RATES
+    print(f"\n| {topo.name}: {len(topo.nodes)} nodes; control-plane clients at qps {qps}, burst {burst} | value |")
+    print("|---|---|")
+    print(f"| gpulab `up`: nodes Ready | {fmt(g.get('nodes_ready_s'))} |")
+    print(f"| gpulab `up`: GPU Operator ready on every GPU node | {fmt(g.get('gpu_stack_s'))} |")
+    print(f"| gpulab `up` returns | {fmt(g.get('up_s'))} |")
+    for name, mib in g.get("rss", {}).items():
+        print(f"| RSS {name} | {mib:.0f} MiB |")
+    print(f"| RSS of the cluster | {sum(g.get('rss', {}).values()):.0f} MiB |")
+    if "pods" in g:
+        p = g["pods"]
+        print(f"| gpulab: {args.pods} single-GPU pods bound | {fmt(p['bound_s'])} |")
+        print(f"| gpulab: {args.pods} pods Running | {fmt(p['running_s'])} ({fmt(p['pods_per_s'], 'pods/s')}) |")
+        print(f"| RSS of the cluster with the pods | {sum(g['rss_with_pods'].values()):.0f} MiB |")
+    if k:
+        print(f"| KWOK alone: `kwokctl create cluster` | {fmt(k.get('create_s'))} |")
+        print(f"| KWOK alone: {len(topo.nodes)} nodes Ready after creation | {fmt(k.get('nodes_ready_s'))} |")
+        print(f"| KWOK alone: RSS | {k.get('rss', 0):.0f} MiB |")
+        if "pods" in k:
+            p = k["pods"]
+            print(f"| KWOK alone: {args.pods} pods Running | {fmt(p['running_s'])} ({fmt(p['pods_per_s'], 'pods/s')}) |")
+            if g.get("pods", {}).get("pods_per_s") and p["pods_per_s"]:
+                print(f"| gpulab / KWOK alone, pods per second | {g['pods']['pods_per_s'] / p['pods_per_s']:.2f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
