@@ -220,7 +220,10 @@ class EmbeddedCluster(StateDir):
 
             # The stack's pods live on across a restart of the node agent (it adopts
             # them), so their Ready conditions from before it still hold.
-            gpu_operator.install(self.kubeconfig, say)
+            # The caller's timeout bounds the whole bring-up; never less than the stack's own 90 s (a large
+            # topology passes more: every node's operands must be up).
+            gpu_operator.install(self.kubeconfig, say,
+                                 timeout=max(90.0, timeout - (time.monotonic() - started)))
             drop_legacy_adapter(api.Client(self.kubeconfig), say)
             if "kube-proxy" in wanted:
                 # After the GPU Operator: its pod is placed by the scheduler as on a cluster without DNS yet,

@@ -75,9 +75,12 @@ HELD = (f"({WHOLE_GPU_REQUESTS} * on (node) group_left () ({UNIT_SHARE}) or {MIG
         f" * on (namespace, pod) group_left () ({RUNNING_PODS})")
 #: How busy each device is, 0 to 1: a whole GPU's utilisation, a MIG instance's graphics engine activity.
 DEVICE_BUSY = 'DCGM_FI_DEV_GPU_UTIL / 100 or DCGM_FI_PROF_GR_ENGINE_ACTIVE{GPU_I_PROFILE!=""}'
-#: 1 for each device a pod holds (DCGM names the pod) while it computes nothing, else 0.
-DEVICE_HELD_IDLE = ('(DCGM_FI_DEV_GPU_UTIL{pod!=""} == bool 0)'
-                    ' or (DCGM_FI_PROF_GR_ENGINE_ACTIVE{pod!="",GPU_I_PROFILE!=""} == bool 0)')
+#: 1 for each device a Running pod holds (DCGM names the pod) while it computes nothing, else 0. Running, as in
+#: HELD: DCGM names a pod from the moment its devices are allocated, before it runs, and a card is idle only while
+#: it is allocated, so that idle hours never exceed allocated ones.
+DEVICE_HELD_IDLE = ('((DCGM_FI_DEV_GPU_UTIL{pod!=""} == bool 0)'
+                    ' or (DCGM_FI_PROF_GR_ENGINE_ACTIVE{pod!="",GPU_I_PROFILE!=""} == bool 0))'
+                    f' * on (namespace, pod) group_left () ({RUNNING_PODS})')
 #: Device series are summed per holder's namespace, node and kind of device (whole GPU or MIG profile).
 BY_DEVICE = "namespace, node, modelName, GPU_I_PROFILE"
 BY_ALLOCATION = "namespace, node, resource"
