@@ -34,9 +34,10 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from gpulab.cluster import binaries  # noqa: E402
+from gpulab.cluster import binaries, nodes  # noqa: E402
 from gpulab.cluster.embedded import CLIENT_RATES, EmbeddedCluster  # noqa: E402
 from gpulab.kube import api  # noqa: E402
+from gpulab.kube.names import NODE_ANNOTATION  # noqa: E402
 from gpulab.kube.topology import load as load_topology  # noqa: E402
 
 GPU = "nvidia.com/gpu"
@@ -165,17 +166,16 @@ def bench_gpulab(topology: Path, pods: int, timeout: float) -> dict:
 
 
 def kwok_nodes(topology: Path) -> list[dict]:
-    """The topology's nodes as Node objects KWOK keeps Ready: capacity as gpulab's, nothing else."""
-    nodes = []
-    for node in load_topology(topology).nodes:
-        capacity = {"cpu": node.cpu, "memory": node.memory, "pods": "110"}
-        if node.gpu_count:
-            capacity[GPU] = str(node.gpu_count)
-        nodes.append({"apiVersion": "v1", "kind": "Node",
-                      "metadata": {"name": node.name, "annotations": {"kwok.x-k8s.io/node": "fake"},
-                                   "labels": {"type": "kwok", "kubernetes.io/hostname": node.name}},
-                      "status": {"capacity": capacity, "allocatable": capacity}})
-    return nodes
+    """The topology's nodes as gpulab registers them (:func:`gpulab.cluster.nodes.node_object`), for KWOK to keep
+    Ready, with the GPUs a device plugin would add to their capacity (KWOK alone runs none)."""
+    out = []
+    for spec in load_topology(topology).nodes:
+        node = nodes.node_object(spec, NODE_ANNOTATION)
+        if spec.gpu_count:
+            for key in ("capacity", "allocatable"):
+                node["status"][key][GPU] = str(spec.gpu_count)
+        out.append(node)
+    return out
 
 
 def bench_kwok(topology: Path, pods: int, timeout: float) -> dict:
@@ -202,15 +202,15 @@ def bench_kwok(topology: Path, pods: int, timeout: float) -> dict:
                        env=env, check=True, capture_output=True)
         out["create_s"] = time.monotonic() - start
         client = api.Client(kubeconfig)
-        nodes = kwok_nodes(topology)
+        fleet = kwok_nodes(topology)
         start = time.monotonic()
-        for node in nodes:
+        for node in fleet:
             client.create(node)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             ready = sum(1 for n in client.list("Node") if any(
                 c["type"] == "Ready" and c["status"] == "True" for c in (n.get("status") or {}).get("conditions") or []))
-            if ready >= len(nodes):
+            if ready >= len(fleet):
                 break
             time.sleep(1)
         out["nodes_ready_s"] = time.monotonic() - start

@@ -170,12 +170,9 @@ def jupyter(args: tuple[str, ...]) -> None:
     # bash, by the course's server config (jupyter-config/, as the image's `start` sets it too): left alone,
     # JupyterLab starts a login shell when its output is not a terminal (`make lab > log`), and a login shell's
     # /etc/profile sets PATH afresh (Debian's does), without the bin.
-    bindir = str(Path(sys.executable).parent)
-    path = [bindir, *(p for p in os.environ.get("PATH", "").split(os.pathsep) if p and p != bindir)]
-    config = [str(paths.jupyter_config()), *(p for p in os.environ.get("JUPYTER_CONFIG_PATH", "").split(os.pathsep)
-                                             if p and p != str(paths.jupyter_config()))]
-    env = dict(os.environ, PATH=os.pathsep.join(path), KUBECONFIG=str(backend.kubeconfig()),
-               JUPYTER_CONFIG_PATH=os.pathsep.join(config))
+    env = dict(os.environ, PATH=paths.first_on(os.environ.get("PATH"), Path(sys.executable).parent),
+               KUBECONFIG=str(backend.kubeconfig()),
+               JUPYTER_CONFIG_PATH=paths.first_on(os.environ.get("JUPYTER_CONFIG_PATH"), paths.jupyter_config()))
     os.execve(sys.executable, [sys.executable, "-m", "jupyterlab", *args], env)
 
 

@@ -39,6 +39,12 @@ def shown(path: Path | str) -> str:
     return str(path)
 
 
+def first_on(search_path: str | None, entry: Path | str) -> str:
+    """``search_path`` (a ``PATH``-like value) with ``entry`` first, once, and no empty items."""
+    rest = [p for p in (search_path or "").split(os.pathsep) if p and p != str(entry)]
+    return os.pathsep.join([str(entry), *rest])
+
+
 def cache() -> Path:
     if os.environ.get("GPULAB_CACHE"):
         return Path(os.environ["GPULAB_CACHE"]).expanduser()

@@ -59,12 +59,13 @@ from ..kube.statedir import StateDir
 from ..kube.topology import load as load_topology
 
 
-# Start order; stop is the reverse. kube-proxy runs only where pods get namespaces, in the pod network
-# the node agent makes (not in GPULAB_SANDBOX=process: see components()).
 #: kube-controller-manager's and kube-scheduler's client rates to the apiserver (``--kube-api-qps``,
 #: ``--kube-api-burst``; defaults 20 and 30): raised as operators of large clusters raise them, so that creating
 #: pods and binding them is not held to 20 requests a second (bench/scale_bench.py, BENCHMARKS.md).
 CLIENT_RATES = (100, 200)
+
+# Start order; stop is the reverse. kube-proxy runs only where pods get namespaces, in the pod network
+# the node agent makes (not in GPULAB_SANDBOX=process: see components()).
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok",
               "node-agent", "metrics-server", "kube-proxy")
 NETWORK_COMPONENTS = ("kube-proxy",)
@@ -164,7 +165,8 @@ class EmbeddedCluster(StateDir):
         running = self.running()
         wanted = components()
         if set(running) == set(wanted):
-            return _("cluster already running ({n} nodes); kubeconfig: {path}", n=len(topo.nodes), path=paths.shown(self.kubeconfig))
+            return _("cluster already running ({n} nodes); kubeconfig: {path}", n=len(topo.nodes),
+                     path=paths.shown(self.kubeconfig))
         if "node-agent" not in running:
             # Before anything starts: pods need a sandbox, and this says why there is none and what to do.
             try:

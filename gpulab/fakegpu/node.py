@@ -150,8 +150,8 @@ class NodeHost(Protocol):
 
     client: api.Client
 
-    def notify(self) -> None:
-        """Wake the programs: the node's hardware changed."""
+    def notify(self, node: str | None = None, everyone: bool = True) -> None:
+        """Wake the programs of ``node`` (and the cluster-wide ones): its hardware changed."""
 
     def pod_event(self, pod: dict[str, Any], reason: str, message: str, type_: str = "Normal") -> None:
         """Record an Event on ``pod``."""

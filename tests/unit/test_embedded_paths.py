@@ -46,3 +46,8 @@ def test_messages_show_paths_under_gpulab_home_or_the_home_directory_short(tmp_p
     assert paths.shown("/opt/elsewhere/kubeconfig") == "/opt/elsewhere/kubeconfig"
     monkeypatch.delenv("GPULAB_HOME")
     assert paths.shown(paths.home() / "cluster") == "~/.gpulab/cluster"
+
+
+def test_first_on_puts_a_directory_first_once():
+    assert paths.first_on("/usr/bin:/venv/bin::/bin", "/venv/bin") == "/venv/bin:/usr/bin:/bin"
+    assert paths.first_on(None, Path("/course/jupyter-config")) == "/course/jupyter-config"
