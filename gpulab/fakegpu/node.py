@@ -39,6 +39,7 @@ import shutil
 import threading
 import time
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from .._fsutil import socket_home
@@ -188,6 +189,8 @@ class GpuNode:
         # GPU containers that declared no CUDA program: computing (a server's reported utilization) makes them one.
         self._idle: dict[tuple[str, str], str] = {}       # owner -> process name
         self._pending: dict[tuple[str, str], ledgermod.Kill] = {}
+        # Wakes the pod (by UID) whose container a kill in _pending awaits (DeviceHooks.wake_with).
+        self.wake_pod: Callable[[str], None] = lambda uid: None
         self._status = NodeStatusWriter(stack.client, spec.name)
         self.manager = DeviceManager(self.plugin_dir, on_change=self._status.submit)
 
@@ -530,6 +533,8 @@ class GpuNode:
         """Track the container's CUDA program; the kill it suffers (its own or a neighbour's doing), if any."""
         uid = pod["metadata"]["uid"]
         owner = (uid, container["name"])
+        victims: list[str] = []
+        kills: dict[tuple[str, str], ledgermod.Kill] = {}
         with self.lock:
             if not running:
                 self._pending.pop(owner, None)
@@ -542,11 +547,12 @@ class GpuNode:
                 for other, kill in kills.items():
                     if other != owner:
                         self._pending[other] = kill
+                        victims.append(other[0])
                 if kills:
                     self.refresh()
-                if owner in kills:
-                    return ContainerKill(kills[owner].exit_code, list(kills[owner].lines))
-            kill = self._pending.pop(owner, None)
+            kill = kills[owner] if owner in kills else self._pending.pop(owner, None)
+        for victim in dict.fromkeys(victims):  # outside the lock: their workers observe under it
+            self.wake_pod(victim)
         if kill is None:
             return None
         return ContainerKill(kill.exit_code, list(kill.lines))

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -227,3 +228,7 @@ class GpuStack:
     def retain(self, pod_uids: set[str]) -> None:
         for node in self.gpu_nodes.values():
             node.manager.retain(pod_uids)
+
+    def wake_with(self, wake: Callable[[str], None]) -> None:
+        for node in self.gpu_nodes.values():
+            node.wake_pod = wake

@@ -138,6 +138,7 @@ class NodeAgent:
         self.pods_dir = cluster_dir / "pods"
         self.nodes_dir = cluster_dir / "nodes"
         self.devices: DeviceHooks = devices or NoDevices()
+        self.devices.wake_with(self._wake_pod)
         self.network = network
         self.images = images or ImageCatalog()
         # Each node's images and pulls (the kubelet's image manager); without one, every node pulls at the default rate.
@@ -198,6 +199,12 @@ class NodeAgent:
                 worker.start()
             else:
                 worker.update(pod)
+
+    def _wake_pod(self, uid: str) -> None:
+        """The device side ended one of the pod's containers between syncs: its worker looks now."""
+        worker = self.workers.get(uid)
+        if worker is not None:
+            worker.wake.set()
 
     def _reap(self) -> None:
         """Forget the workers whose thread has ended."""

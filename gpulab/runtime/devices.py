@@ -10,6 +10,7 @@ entry point (:mod:`gpulab.cluster.nodeagent`) hands them to the agent.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from .sandbox import Mount
@@ -63,6 +64,11 @@ class DeviceHooks(Protocol):
     def retain(self, pod_uids: set[str]) -> None:
         """After a restart: forget devices held by pods that no longer exist (deleted meanwhile)."""
 
+    def wake_with(self, wake: Callable[[str], None]) -> None:
+        """How to wake the pod (by UID) whose container the device side ends between its syncs: a neighbour's
+        CUDA program took the memory it held. The pod's next :meth:`observe` then hands it the ContainerKill,
+        so a pod holding devices need not be looked at every fraction of a second."""
+
 
 class NoDevices:
     def admit(self, pod: dict[str, Any]) -> None:
@@ -81,4 +87,7 @@ class NoDevices:
         pass
 
     def retain(self, pod_uids: set[str]) -> None:
+        pass
+
+    def wake_with(self, wake: Callable[[str], None]) -> None:
         pass

@@ -40,8 +40,9 @@ log = logging.getLogger("gpulab.runtime")
 BACKOFF_INITIAL = 10.0
 BACKOFF_MAX = 300.0
 #: How often a pod worker looks at a pod while something about it can change at any moment: a container's process
-#: may exit (its shim writes a file), an image is being pulled, a container is about to start, the pod holds GPUs
-#: (a neighbour's CUDA program can kill it).
+#: may exit (its shim writes a file), an image is being pulled, a container is about to start. (A pod holding GPUs
+#: is not among them: the device side wakes it when a neighbour's CUDA program ends one of its containers,
+#: DeviceHooks.wake_with.)
 BUSY_WAIT = 0.25
 #: Pods of one node agent that sync at the same time (PodHost.sync_slots).
 SYNC_SLOTS = 16
@@ -181,7 +182,7 @@ class PodWorker(threading.Thread):
             return BUSY_WAIT
         if self.terminal:
             return SETTLED_WAIT
-        if not (self.admitted and self.volumes is not None and self.initialized) or self.device_grants:
+        if not (self.admitted and self.volumes is not None and self.initialized):
             return BUSY_WAIT
         due = now + SETTLED_WAIT
         deadline = self.pod["spec"].get("activeDeadlineSeconds")

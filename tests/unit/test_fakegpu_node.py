@@ -186,13 +186,18 @@ def test_time_sliced_neighbours_run_out_of_memory_together(node, plugin) -> None
     plugin(TIME_SLICING.replace("failRequestsGreaterThanOne: true", "failRequestsGreaterThanOne: false"))
     eventually(lambda: node.manager.resource_counts() == {"nvidia.com/gpu": (8, 8)})
     pods = [pod(f"p{i}", memory="30Gi") for i in range(5)]
+    woken: list[str] = []
+    node.wake_pod = woken.append
     kills = {}
     for p in pods:
         node.admit(p)
         kill = node.observe(p, p["spec"]["containers"][0], running=True)
         if kill:
             kills[p["metadata"]["name"]] = kill
-    for p in pods:  # the neighbours hear of it on their next sync
+    # The neighbours killed meanwhile are woken (their workers need not poll), and hear of it on their next sync.
+    uid_names = {p["metadata"]["uid"]: p["metadata"]["name"] for p in pods}
+    killed_at_start = set(kills)
+    for p in pods:
         kill = node.observe(p, p["spec"]["containers"][0], running=True)
         if kill:
             kills[p["metadata"]["name"]] = kill
@@ -202,6 +207,7 @@ def test_time_sliced_neighbours_run_out_of_memory_together(node, plugin) -> None
         by_gpu.setdefault(device.split("::")[0], []).append(p["metadata"]["name"])
     crowded = [names for names in by_gpu.values() if len(names) * 30 > 79.65]
     assert crowded, by_gpu
+    assert woken and {uid_names[uid] for uid in woken} == {n for names in crowded for n in names} - killed_at_start
     # The one that filled its card and its neighbours there all saw the same card: 663 MiB left.
     assert {kills[name].lines[0] for names in crowded for name in names} == {
         "CUDA out of memory. Tried to allocate 1.00 GiB. GPU 0 has a total capacity of 79.65 GiB of which 663.00 MiB "

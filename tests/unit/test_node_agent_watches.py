@@ -108,3 +108,22 @@ def test_ended_workers_are_reaped(monkeypatch, tmp_path) -> None:
     agent.workers["uid-a"].alive = False  # type: ignore[attr-defined]
     agent._reap()
     assert list(agent.workers) == ["uid-b"]
+
+
+def test_the_device_side_wakes_the_worker_of_a_pod_it_ended_a_container_of(monkeypatch, tmp_path) -> None:
+    """A pod holding GPUs is not polled: the device side wakes its worker when a neighbour's CUDA program ends
+    one of its containers (DeviceHooks.wake_with), so its next sync hands it the kill."""
+    class Devices(agent_mod.NoDevices):
+        def wake_with(self, wake):
+            self.wake = wake
+
+    devices = Devices()
+    monkeypatch.setattr(agent_mod, "PodWorker", Worker)
+    agent = agent_mod.NodeAgent(tmp_path, SimpleNamespace(set_node=lambda name, cidr, ip: None), devices=devices,
+                                informers=SharedInformers(Client({}, {})), client=Client({}, {}))  # type: ignore[arg-type]
+    agent.nodes.add("gpu-node-1")
+    agent._on_pod(pod("a", "gpu-node-1"))
+    agent.workers["uid-a"].wake = SimpleNamespace(set=lambda: agent.workers["uid-a"].calls.append("wake"))  # type: ignore[attr-defined]
+    devices.wake("uid-a")
+    devices.wake("uid-gone")  # a pod that ended meanwhile: nothing to wake
+    assert agent.workers["uid-a"].calls == ["start", "wake"]  # type: ignore[attr-defined]

@@ -108,8 +108,8 @@ def test_a_settled_pod_is_looked_at_when_woken_or_when_something_is_due(tmp_path
             setattr(worker.main[0], key, value)
         assert worker.next_wait(now) == pod_module.BUSY_WAIT, busy
     worker = _settled(tmp_path)
-    worker.device_grants = {"main": object()}  # a neighbour's CUDA program can kill it at any moment
-    assert worker.next_wait(now) == pod_module.BUSY_WAIT
+    worker.device_grants = {"main": object()}  # a neighbour's kill wakes it (DeviceHooks.wake_with): no polling
+    assert worker.next_wait(now) == pod_module.SETTLED_WAIT
     worker = _settled(tmp_path)
     worker.admitted = False
     assert worker.next_wait(now) == pod_module.BUSY_WAIT
