@@ -509,8 +509,11 @@ def check_cmd(notebook: Path, lab: str | None, out_dir: Path | None, no_jail: bo
 @click.option("--reset-cluster", is_flag=True,
               help="For cluster-wide labs, reset the whole cluster between submissions instead of restoring "
                    "what the lab may touch (slower).")
+@click.option("-j", "--jobs", type=click.IntRange(min=1), default=1, show_default=True, metavar="N",
+              help="Grade up to N submissions at once where the lab allows: a namespace-scoped lab's, as many "
+                   "as the free GPUs allow; a cluster-wide lab's always one at a time.")
 def grade(submissions: Path, lab: str, hidden: Path | None, out_dir: Path | None, learners: tuple[str, ...],
-          no_jail: bool, reset_cluster: bool) -> None:
+          no_jail: bool, reset_cluster: bool, jobs: int) -> None:
     """Grade the notebooks in SUBMISSIONS into a CSV gradebook and zh-CN feedback per learner."""
     from .grading import secret
     from .grading.grader import GradingError, grade_submissions
@@ -524,7 +527,8 @@ def grade(submissions: Path, lab: str, hidden: Path | None, out_dir: Path | None
         _fail(_("cannot read or create the grading secret: {error}", error=e))
     try:
         result = grade_submissions(submissions, lab, out, hidden=hidden, jail=not no_jail,
-                                   restore="reset" if reset_cluster else "targeted", learners=learners or None)
+                                   restore="reset" if reset_cluster else "targeted", learners=learners or None,
+                                   jobs=jobs, say=lambda m: click.echo(f"gpulab: {m}", err=True))
     except GradingError as e:
         _fail(str(e))
     click.echo(result.summary_text())

@@ -49,7 +49,9 @@ file atomically (temporary file in the same folder, fsync, ``os.replace``): a
 grader killed mid-write leaves the previous gradebook intact. Each submission
 is isolated: a hanging, crashing or unreadable one yields a row with its
 status, never stops the batch; the gradebook is merged after every submission,
-so it is always complete up to the last graded learner.
+so it is always complete up to the last graded learner. Submissions graded in
+parallel (``jobs``) are merged in the order they were found, whichever finishes
+first, so the gradebook is the same with any number of jobs.
 
 Regrading is idempotent: the same submissions give the same rows, scores and
 files, except ``graded-at``, which is the time the row was (re)graded and so
@@ -59,11 +61,13 @@ moves forward even when the result did not change (pass ``clock`` to
 
 from __future__ import annotations
 
+import concurrent.futures
 import csv
 import hashlib
 import io
 import json
 import re
+import threading
 import traceback
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -628,7 +632,7 @@ def grade_batch(submissions_dir: str | Path, lab: str, checks: CheckSuite | Iter
                 namespace_for: Callable[[str, str], str] = default_namespace,
                 learners: Iterable[str] | None = None,
                 clock: Callable[[], datetime] = utc_now,
-                submissions: Sequence[Submission] | None = None) -> BatchResult:
+                submissions: Sequence[Submission] | None = None, jobs: int = 1) -> BatchResult:
     """Grade the submissions of ``lab`` in ``submissions_dir`` into ``out_dir``, merging into its gradebook.
 
     ``checks`` is a :class:`CheckSuite` (or checks, or None to load the lab's
@@ -639,22 +643,29 @@ def grade_batch(submissions_dir: str | Path, lab: str, checks: CheckSuite | Iter
     each row's ``graded-at``; ``submissions``: the ones to grade, already discovered and selected (by
     :func:`gpulab.grading.grader.grade_submissions`), instead of looking again. An unknown learner or an ``out_dir`` holding
     another lab's grades raises :class:`GradebookError` before anything is run
-    or written; rows already in the gradebook are kept (see the module docstring).
+    or written; rows already in the gradebook are kept (see the module docstring). ``jobs``: how many
+    submissions are graded at once (their namespaces apart; the caller knows whether the lab allows it,
+    see :func:`gpulab.grading.grader.parallel_jobs`); the rows are recorded in the submissions' order.
     """
     out = Path(out_dir)
     suite = _resolve_suite(lab, checks, hidden)
     collector = collector or NullCollector()
     subs = (list(submissions) if submissions is not None
             else select_submissions(discover_submissions(submissions_dir, lab), learners, submissions_dir))
+    if jobs < 1:
+        raise GradebookError(f"jobs: at least 1 submission at a time, not {jobs}")
     check_out_dir(out, lab)
     (out / "feedback").mkdir(parents=True, exist_ok=True)
     gradebook = out / GRADEBOOK
     rows: list[GradeRow] = []
     count = write_gradebook(gradebook, suite, rows, lab=lab)  # the header of this check set, at once
     write_details(out, lab, suite, {})
-    for index, sub in enumerate(subs, 1):
+    announce = threading.Lock()  # progress callbacks come from the grading threads one at a time
+
+    def grade_one(index: int, sub: Submission) -> tuple[GradeRow, str]:
         if progress:
-            progress(ProgressEvent(index, len(subs), sub.learner, "start"))
+            with announce:
+                progress(ProgressEvent(index, len(subs), sub.learner, "start"))
         try:
             row = grade_submission(sub, lab, suite, runner, out, collector, sandbox, parameters, cwd,
                                    namespace_for)
@@ -665,6 +676,9 @@ def grade_batch(submissions_dir: str | Path, lab: str, checks: CheckSuite | Iter
         else:
             row_trace = ""
         row.graded_at = clock()
+        return row, row_trace
+
+    def record(index: int, row: GradeRow, row_trace: str) -> int:
         rows.append(row)
         atomic_write_text(out / "feedback" / f"{row.learner}.md", feedback_markdown(lab, row, suite.max_points))
         detail = {
@@ -676,10 +690,28 @@ def grade_batch(submissions_dir: str | Path, lab: str, checks: CheckSuite | Iter
                         "hidden": o.hidden, "review": list(o.review), "withheld": o.withheld}
                        for o in row.outcomes],
         }
-        count = write_gradebook(gradebook, suite, [row], lab=lab)
+        written = write_gradebook(gradebook, suite, [row], lab=lab)
         write_details(out, lab, suite, {row.learner: detail})
         if progress:
-            progress(ProgressEvent(index, len(subs), sub.learner, "done", row))
+            with announce:
+                progress(ProgressEvent(index, len(subs), row.learner, "done", row))
+        return written
+
+    if jobs == 1 or len(subs) < 2:
+        for index, sub in enumerate(subs, 1):
+            count = record(index, *grade_one(index, sub))
+        return BatchResult(lab, rows, gradebook, out, suite, count)
+    # In parallel: each submission has its own namespaces and identity. Rows are recorded in the submissions'
+    # order whatever order they finish in, so a batch gives the same gradebook with any number of jobs.
+    finished: dict[int, tuple[GradeRow, str]] = {}
+    with concurrent.futures.ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="grade") as pool:
+        futures = {pool.submit(grade_one, index, sub): index for index, sub in enumerate(subs, 1)}
+        following = 1
+        for future in concurrent.futures.as_completed(futures):
+            finished[futures[future]] = future.result()  # grade_one turns every failure into a row
+            while following in finished:
+                count = record(following, *finished.pop(following))
+                following += 1
     return BatchResult(lab, rows, gradebook, out, suite, count)
 
 

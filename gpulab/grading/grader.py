@@ -28,7 +28,15 @@ from gpulab.kube import api
 
 from ..i18n import _
 from .checks import CheckLoadError, CheckSuite, load_hidden_checks, load_lab_checks
-from .cluster import ClusterCollector, ClusterSandbox, LabSpec, SandboxError, delete_leftovers, load_lab_spec
+from .cluster import (
+    ClusterCollector,
+    ClusterSandbox,
+    LabSpec,
+    SandboxError,
+    delete_leftovers,
+    gpu_usage,
+    load_lab_spec,
+)
 from .gradebook import (
     BatchResult,
     Collector,
@@ -133,15 +141,43 @@ def namespace_for(spec: LabSpec, prefix: str = "grade") -> Callable[[str, str], 
     return lambda _lab, learner: k8s_name(prefix, spec.number, learner, limit=spec.namespace_room)
 
 
+def parallel_jobs(spec: LabSpec, requested: int, client: api.Client) -> tuple[int, str]:
+    """How many submissions of the lab can be graded at once when ``requested`` are asked for, and why.
+
+    Each submission has its own namespaces and identity, so a namespace-scoped
+    lab's submissions run side by side, as many as the free GPUs allow
+    (``GPUS_FREE`` each). A ``CLUSTER_WIDE`` lab changes what every submission
+    sees (node labels and taints, GPU faults, PriorityClasses) and is restored
+    after each one: its submissions go one at a time.
+    """
+    if requested <= 1:
+        return 1, ""
+    if spec.cluster_wide:
+        return 1, _("lab {lab} changes cluster-wide state, which is restored after each submission: "
+                    "grading one at a time", lab=spec.lab)
+    if spec.gpus_free:
+        free, _holders = gpu_usage(client)
+        fit = max(1, free // spec.gpus_free)
+        if fit < requested:
+            return fit, _("lab {lab} needs {gpus} free GPU(s) per submission and {free} are free: "
+                          "grading {jobs} at a time", lab=spec.lab, gpus=spec.gpus_free, free=max(free, 0), jobs=fit)
+    return requested, _("grading {jobs} submissions at a time", jobs=requested)
+
+
 def grade_submissions(submissions_dir: str | Path, lab: str, out_dir: str | Path, *, hidden: str | Path | None = None,
                       jail: bool = True, restore: str = "targeted", cluster: Cluster | None = None,
                       progress: Callable[[ProgressEvent], None] | bool = True,
-                      cell_timeout: float | None = None, learners: Iterable[str] | None = None) -> BatchResult:
+                      cell_timeout: float | None = None, learners: Iterable[str] | None = None,
+                      jobs: int = 1, say: Callable[[str], None] = lambda message: None) -> BatchResult:
     """Grade the submissions of ``lab`` in ``submissions_dir`` on the local cluster (``gpulab grade``).
 
     ``learners`` limits it to those learners; the rows of everyone else already
     in ``out_dir``'s gradebook stay (see :mod:`gpulab.grading.gradebook`).
+    ``jobs``: at most that many at once, where the lab allows (:func:`parallel_jobs`; ``say`` is told
+    how many).
     """
+    if jobs < 1:
+        raise GradingError(_("--jobs must be at least 1, not {jobs}", jobs=jobs))
     submissions_dir, out_dir = Path(submissions_dir), Path(out_dir)
     if not submissions_dir.is_dir():
         raise GradingError(_("{path}: no such directory of submissions", path=submissions_dir))
@@ -158,10 +194,13 @@ def grade_submissions(submissions_dir: str | Path, lab: str, out_dir: str | Path
     try:
         # An interrupted earlier batch may have left namespaces behind, holding GPUs this one needs.
         delete_leftovers(ready.sandbox.client, f"grade-{ready.spec.number}-")
+        at_once, why = parallel_jobs(ready.spec, min(jobs, len(subs)), ready.sandbox.client)
+        if why:
+            say(why)
         return grade_batch(submissions_dir, ready.spec.lab, ready.suite, ready.runner, out_dir,
                            progress=bar, collector=ready.collector, sandbox=ready.sandbox,
                            parameters=dict(ready.spec.parameters), namespace_for=namespace_for(ready.spec),
-                           learners=learners, submissions=subs)
+                           learners=learners, submissions=subs, jobs=at_once)
     except GradebookError as exc:
         raise GradingError(str(exc)) from exc
     finally:

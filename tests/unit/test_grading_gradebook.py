@@ -9,6 +9,8 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -563,3 +565,90 @@ def test_real_runner_batch_with_a_hanging_and_an_invalid_submission(tmp_path):
     assert rows["bob"]["train-log (1)"] == "1"  # partial credit for what ran before the hang
     executed = nbformat.read(tmp_path / "out" / "runs" / "alice.executed.ipynb", as_version=4)
     assert any("injected-parameters" in c.metadata.get("tags", []) for c in executed.cells)
+
+
+class SlowRunner(FakeRunner):
+    """A FakeRunner whose earlier submissions take longer, counting how many run at once."""
+
+    def __init__(self, seconds: dict[str, float]):
+        super().__init__()
+        self.seconds = seconds
+        self.running = self.most = 0
+        self.lock = threading.Lock()
+
+    def run(self, notebook_path, work_dir, parameters=None, cwd=None, env=None, name=None):
+        with self.lock:
+            self.running += 1
+            self.most = max(self.most, self.running)
+        try:
+            time.sleep(self.seconds.get(name, 0))
+            return super().run(notebook_path, work_dir, parameters, cwd, env, name)
+        finally:
+            with self.lock:
+                self.running -= 1
+
+
+def test_parallel_grading_records_rows_in_the_submissions_order(submissions, tmp_path):
+    """With jobs, submissions run side by side, finish in any order, and give the gradebook one job gives."""
+    seconds = {"alice": 0.6, "bob": 0.4, "carol": 0.2}  # the first finishes last
+    events = []
+    runner = SlowRunner(seconds)
+    grade_batch(submissions, "example", example_checks(), runner, tmp_path / "parallel", hidden=_hidden(tmp_path),
+                collector=_collector(), clock=lambda: T1, progress=events.append, jobs=3)
+    grade_batch(submissions, "example", example_checks(), SlowRunner({}), tmp_path / "serial",
+                hidden=_hidden(tmp_path), collector=_collector(), clock=lambda: T1)
+    assert runner.most == 3
+    for name in ("gradebook.csv", "details.json"):
+        assert (tmp_path / "parallel" / name).read_bytes() == (tmp_path / "serial" / name).read_bytes()
+    assert [r["learner"] for r in read_gradebook(tmp_path / "parallel" / "gradebook.csv")] == [
+        "alice", "bob", "carol", "dave", "erin"]
+    done = [(e.index, e.learner) for e in events if e.phase == "done"]
+    assert done == [(1, "alice"), (2, "bob"), (3, "carol"), (4, "dave"), (5, "erin")]
+    assert sorted(e.learner for e in events if e.phase == "start") == ["alice", "bob", "carol", "dave", "erin"]
+    with pytest.raises(gb.GradebookError, match="jobs: at least 1"):
+        grade_batch(submissions, "example", example_checks(), runner, tmp_path / "none", jobs=0)
+
+
+class GpuClient:
+    """Lists Nodes and Pods for gpu_usage: ``free`` nvidia.com/gpu of 2 allocatable."""
+
+    def __init__(self, free: int):
+        self.free = free
+
+    def list(self, kind, namespace=None):
+        if kind == "Node":
+            return NODES
+        return [{"metadata": {"namespace": "other", "name": f"p{i}"},
+                 "spec": {"nodeName": "gpu-node-1", "containers": [{"resources": {"limits": {"nvidia.com/gpu": 1}}}]},
+                 "status": {"phase": "Running"}} for i in range(2 - self.free)]
+
+
+def test_how_many_submissions_are_graded_at_once():
+    from gpulab.grading.cluster import load_lab_spec
+
+    cluster_wide, scoped = load_lab_spec("03"), load_lab_spec("01")
+    assert cluster_wide.cluster_wide and not scoped.cluster_wide and scoped.gpus_free == 1
+    assert grader.parallel_jobs(scoped, 1, GpuClient(2)) == (1, "")
+    jobs, why = grader.parallel_jobs(cluster_wide, 4, GpuClient(2))
+    assert jobs == 1 and "changes cluster-wide state" in why and "one at a time" in why
+    jobs, why = grader.parallel_jobs(scoped, 4, GpuClient(2))
+    assert jobs == 2 and "needs 1 free GPU(s) per submission and 2 are free: grading 2 at a time" in why
+    assert grader.parallel_jobs(scoped, 2, GpuClient(2)) == (2, "grading 2 submissions at a time")
+    assert grader.parallel_jobs(scoped, 3, GpuClient(0))[0] == 1  # none free yet: one, which waits for its GPU
+
+
+def test_cli_jobs_option(submissions, tmp_path, monkeypatch):
+    seen = {}
+
+    def fake(submissions_dir, lab, out, **options):
+        seen.update(options)
+        options["say"]("grading 3 submissions at a time")
+        return gb.BatchResult(lab, [], out / "gradebook.csv", out, example_checks(), 0)
+
+    monkeypatch.setattr(grader, "grade_submissions", fake)
+    result = CliRunner().invoke(cli.main, ["grade", str(submissions), "--lab", "01", "-j", "3",
+                                             "--out", str(tmp_path / "o")])
+    assert result.exit_code == 0, result.output
+    assert seen["jobs"] == 3 and "gpulab: grading 3 submissions at a time" in result.stderr
+    result = CliRunner().invoke(cli.main, ["grade", str(submissions), "--lab", "01", "--jobs", "0"])
+    assert result.exit_code == 2 and "--jobs" in result.output
