@@ -6,10 +6,11 @@
 Starts a fresh cluster in a temp GPULAB_HOME (or uses the running one in
 ``--home``), then
 
-1. grades the solution of every lab in ``--labs`` once, as ``gpulab grade``
-   does (jail, namespace-scoped identity, collection, release and — for
-   cluster-wide labs — restore), and splits each submission's time into its
-   phases;
+1. grades the solution of every lab in ``--labs`` twice in one batch, as
+   ``gpulab grade`` does (jail, namespace-scoped identity, collection, release
+   and — for cluster-wide labs — restore), and splits the second submission's
+   time into its phases: a batch's second and later submissions find their
+   kernel started (``Runner.warm``), the first starts it when it comes;
 2. grades a batch of ``--batch`` submissions of ``--lab`` (solutions and
    untouched labs, alternating) into a gradebook, ``--jobs`` at once where the
    lab allows (``gpulab grade -j``);
@@ -86,8 +87,10 @@ class Clock:
                   f"({self.statuses[-1]}, {event.row.total if event.row else '?'})", file=sys.stderr)
 
 
-def grade(cluster, lab: str, subs: Path, out: Path, jail: bool, jobs: int = 1) -> tuple[Clock, Phases, list, int]:
-    """Grade ``subs`` as ``gpulab grade -j jobs`` does; the clock, the phases, the rows and the jobs used."""
+def grade(cluster, lab: str, subs: Path, out: Path, jail: bool, jobs: int = 1,
+          warm: bool = True) -> tuple[Clock, Phases, list, int]:
+    """Grade ``subs`` as ``gpulab grade -j jobs`` does (``warm``: a kernel started ahead for the next submission,
+    as a batch has); the clock, the phases, the rows and the jobs used."""
     ready = grader.setup(lab, cluster=cluster, jail=jail, masks=(subs, out))
     phases = Phases(ready)
     clock = Clock()
@@ -95,6 +98,7 @@ def grade(cluster, lab: str, subs: Path, out: Path, jail: bool, jobs: int = 1) -
         at_once, why = grader.parallel_jobs(ready.spec, jobs, ready.sandbox.client)
         if why:
             print(f"  {why}", file=sys.stderr)
+        ready.runner.warm = at_once if warm else 0
         result = grader.grade_batch(subs, ready.spec.lab, ready.suite, ready.runner, out, progress=clock,
                                     collector=ready.collector, sandbox=ready.sandbox,
                                     parameters=dict(ready.spec.parameters),
@@ -113,24 +117,29 @@ def stats(values: list[float]) -> str:
 
 
 def bench_labs(cluster, labs: list[str], work: Path, jail: bool) -> None:
+    """Each lab's solution graded twice in one batch: the first as a batch's first submission (its kernel
+    started when it comes), the second as every later one (its kernel started while the first was graded)."""
     rows = []
     seconds: list[float] = []
     for lab in labs:
         spec = grader.load_lab_spec(lab)
         subs = work / f"one-{lab}"
         subs.mkdir(parents=True)
-        shutil.copy(REPO / "solutions" / f"{spec.lab}.ipynb", subs / "alice.ipynb")
-        print(f"lab {spec.lab}: one solution", file=sys.stderr)
+        for learner in ("alice", "bob"):
+            shutil.copy(REPO / "solutions" / f"{spec.lab}.ipynb", subs / f"{learner}.ipynb")
+        print(f"lab {spec.lab}: its solution, twice", file=sys.stderr)
         clock, phases, result, _jobs = grade(cluster, lab, subs, work / f"one-{lab}-out", jail)
-        row = result[0]
-        seconds.append(clock.seconds[0])
-        parts = ", ".join(f"{name} {v[0]:.1f}" for name, v in phases.times.items())
+        first, row = clock.seconds[0], result[1]
+        seconds.append(clock.seconds[1])
+        parts = ", ".join(f"{name} {v[1]:.1f}" for name, v in phases.times.items())
         score = f"{row.total:g}/{row.max_points:g}" if row.total is not None else f"— ({row.status})"
-        rows.append(f"| {spec.lab} | {clock.seconds[0]:.1f} s | {score} | {parts} |")
-    print("\n| lab (solution) | seconds per submission | score | phases (s) |\n|---|---|---|---|")
+        rows.append(f"| {spec.lab} | {clock.seconds[1]:.1f} s | {first:.1f} s | {score} | {parts} |")
+    print("\n| lab (solution) | seconds per submission | first of a batch | score | phases of the second (s) |\n"
+          "|---|---|---|---|---|")
     print("\n".join(rows))
     if seconds:
-        print(f"| median over {len(seconds)} labs | {statistics.median(seconds):.1f} s | | max {max(seconds):.1f} s |")
+        print(f"| median over {len(seconds)} labs | {statistics.median(seconds):.1f} s | | | "
+              f"max {max(seconds):.1f} s |")
 
 
 def bench_batch(cluster, lab: str, n: int, work: Path, jail: bool, jobs: int = 1) -> None:

@@ -2,17 +2,26 @@
 
 Run as ``python -m gpulab.grading._papermill_child SPEC.json``. The spec names
 the input and output notebooks, the parameters, the kernel and the timeouts;
-the outcome is written as JSON to ``spec["result_path"]``. Keeping papermill in
+the outcome is written as JSON to ``spec["result_path"]``. A spec with a
+``go_path`` names only the kernel, its working directory and what to load in it
+first (``preload``): the child starts the kernel, loads those modules, then
+waits for that file to appear, which holds the rest (the notebooks, the
+parameters, the per-cell limit, ``result_path``).
+So a runner can start the next submission's kernel while the grader is still
+busy with the last one (a *standby*, :class:`gpulab.grading.runner.Runner`'s
+``warm``), or write the go file at once (a cold start). Keeping papermill in
 its own process lets the parent enforce a wall-clock limit by killing the whole
 process tree, whatever the notebook does.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import re
 import sys
+import time
 import traceback
 from typing import Any
 
@@ -46,7 +55,56 @@ def _sys_exit_cell(output_path: str) -> tuple[int, str] | None:
     return None
 
 
-def execute(spec: dict[str, Any]) -> dict[str, Any]:
+#: How long a standby waits for its submission before it gives up (its runner has gone).
+STANDBY_LIFETIME = 3600.0
+
+
+def start_kernel(spec: dict[str, Any]) -> Any:
+    """The kernel the notebook will run in, started in its working directory with this process's environment,
+    the modules of ``spec["preload"]`` imported in it (silently: no output, no execution count)."""
+    from jupyter_client.blocking import BlockingKernelClient
+    from jupyter_client.manager import AsyncKernelManager  # nbclient's kind of manager
+    from jupyter_core.utils import run_sync
+
+    km = AsyncKernelManager(kernel_name=spec.get("kernel_name") or "python3")
+    run_sync(km.start_kernel)(cwd=spec.get("cwd"))
+    modules = spec.get("preload") or []
+    if modules:
+        kc = BlockingKernelClient()
+        kc.load_connection_info(km.get_connection_info())
+        kc.start_channels()
+        try:
+            kc.wait_for_ready(timeout=spec.get("start_timeout", 60))
+            code = "\n".join(f"try:\n    import {m}\nexcept Exception:\n    pass" for m in modules)
+            kc.execute_interactive(code, silent=True, store_history=False, timeout=spec.get("start_timeout", 60),
+                                   output_hook=lambda msg: None)
+        finally:
+            kc.stop_channels()
+    return km
+
+
+def stop_kernel(km: Any) -> None:
+    from jupyter_core.utils import run_sync
+
+    try:
+        run_sync(km.shutdown_kernel)(now=True)
+    except Exception:  # noqa: BLE001 - the runner kills what is left anyway
+        pass
+
+
+def wait_for_go(path: str, lifetime: float = STANDBY_LIFETIME) -> dict[str, Any] | None:
+    """The submission, once the runner has written it to ``path``; None after ``lifetime`` seconds."""
+    deadline = time.monotonic() + lifetime
+    while time.monotonic() < deadline:
+        try:
+            with open(path, encoding="utf-8") as handle:
+                return json.load(handle)
+        except FileNotFoundError:
+            time.sleep(0.02)
+    return None
+
+
+def execute(spec: dict[str, Any], km: Any = None) -> dict[str, Any]:
     import papermill as pm
     from nbclient.exceptions import CellTimeoutError, DeadKernelError
     from papermill.exceptions import PapermillExecutionError
@@ -63,6 +121,7 @@ def execute(spec: dict[str, Any]) -> dict[str, Any]:
             start_timeout=spec.get("start_timeout", 60),
             execution_timeout=spec.get("cell_timeout"),
             cwd=spec.get("cwd"),
+            km=km,
         )
     except PapermillExecutionError as exc:
         kind = "sys-exit" if exc.ename == "SystemExit" else "cell-error"
@@ -85,7 +144,25 @@ def execute(spec: dict[str, Any]) -> dict[str, Any]:
 def main(argv: list[str]) -> int:
     with open(argv[1], encoding="utf-8") as handle:
         spec = json.load(handle)
-    _write(spec["result_path"], execute(spec))
+    if "go_path" not in spec:  # everything at once: papermill starts the kernel itself
+        _write(spec["result_path"], execute(spec))
+        return 0
+    importlib.import_module("papermill")  # loaded while waiting, not once the submission is there
+
+    km = None
+    try:
+        km = start_kernel(spec)
+    except Exception:  # noqa: BLE001 - papermill starts one itself then, and says what goes wrong
+        traceback.print_exc()
+    try:
+        go = wait_for_go(spec["go_path"])
+        if go is None:
+            return 1
+        spec = {**spec, **go}
+        _write(spec["result_path"], execute(spec, km))
+    finally:
+        if km is not None:
+            stop_kernel(km)
     return 0
 
 

@@ -100,6 +100,7 @@ class Setup:
     sandbox: ClusterSandbox
 
     def close(self) -> None:
+        self.runner.close()
         self.sandbox.close()
 
 
@@ -197,6 +198,8 @@ def grade_submissions(submissions_dir: str | Path, lab: str, out_dir: str | Path
         at_once, why = parallel_jobs(ready.spec, min(jobs, len(subs)), ready.sandbox.client)
         if why:
             say(why)
+        if len(subs) > 1:  # the next submissions' kernels start while the grader collects, cleans up, prepares
+            ready.runner.warm = at_once
         return grade_batch(submissions_dir, ready.spec.lab, ready.suite, ready.runner, out_dir,
                            progress=bar, collector=ready.collector, sandbox=ready.sandbox,
                            parameters=dict(ready.spec.parameters), namespace_for=namespace_for(ready.spec),

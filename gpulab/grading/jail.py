@@ -208,10 +208,16 @@ class Jail:
             target.chmod(0o600)
             self.own(target)
             env["KUBECONFIG"] = str(target)
-            upstream = _apiserver(target)
-            if sandbox.kind() == "process":
-                upstream = None  # no network of its own: the kernel reaches the apiserver as it is
+            upstream = self.upstream(target)
         return env, upstream
+
+    @staticmethod
+    def upstream(kubeconfig: Path) -> tuple[str, int] | None:
+        """The apiserver address the jail relays to for ``kubeconfig``; None in the process sandbox, which has
+        no network of its own (the kernel reaches the apiserver as it is)."""
+        if sandbox.kind() == "process":
+            return None
+        return _apiserver(kubeconfig)
 
     def spec(self, argv: Sequence[str], env: Mapping[str, str], cwd: Path, run_dir: Path,
              relay_port: int | None) -> dict[str, Any]:

@@ -22,6 +22,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -36,6 +37,10 @@ import gpulab
 # which a submission must only get when the caller passes them (a restricted identity).
 DEFAULT_INHERITED_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR", "USER", "LOGNAME",
                          "SYSTEMROOT")
+
+
+#: What a lab notebook's first cell imports: a kernel started ahead of its submission (Runner.warm) has them loaded.
+PRELOAD = ("yaml", "kubernetes.client", "kubernetes.config", "gpulab.grading.labkit")
 
 
 class ErrorKind(enum.StrEnum):
@@ -232,6 +237,15 @@ class Runner:
     lab manifests (never ``solutions/``), and, in the namespaces sandbox, no
     network but the apiserver of ``KUBECONFIG``. Outputs are moved to
     ``work_dir`` afterwards, so callers see the same files either way.
+
+    In the jail the kernel is started, and the modules of ``preload``
+    imported in it, before the notebook is handed over. With ``warm`` (a
+    batch), that many such *standbys* are kept started for the next
+    submissions, each in a jail of its own: when a run ends, another starts
+    while the grader collects, cleans up and prepares the next namespace, and
+    the next run takes it. A submission never shares a jail, kernel or run
+    directory with another; its wall-clock limit counts from when it is handed
+    over. :meth:`close` stops the standbys left.
     """
 
     kernel_name: str = "python3"
@@ -243,6 +257,11 @@ class Runner:
     python: str = sys.executable
     poll_interval: float = 0.25
     jail: Any = None
+    warm: int = 0
+    preload: Sequence[str] = PRELOAD
+    _standbys: list[_Standby] = field(default_factory=list, init=False, repr=False)
+    _standby_lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
+    _closed: bool = field(default=False, init=False, repr=False)
 
     def child_env(self, extra: Mapping[str, str] | None = None, runtime_dir: Path | None = None) -> dict[str, str]:
         env = {k: os.environ[k] for k in self.inherit_env if k in os.environ}
@@ -358,70 +377,208 @@ class Runner:
     def _supervise(self, argv: list[str], env: Mapping[str, str], cwd: str, log_path: Path
                    ) -> tuple[int, bool, float]:
         """Run ``argv`` in its own session under the wall-clock limit; kill its whole tree afterwards."""
-        started = time.monotonic()
-        timed_out = False
-        tracked: dict[tuple[int, float], Any] = {}
         with open(log_path, "wb") as log:
             proc = subprocess.Popen(argv, env=dict(env), cwd=cwd, stdin=subprocess.DEVNULL, stdout=log,
                                     stderr=subprocess.STDOUT, start_new_session=True)
-            deadline = started + self.timeout
-            while True:
-                _track(proc.pid, tracked)
-                try:
-                    proc.wait(timeout=self.poll_interval)
+            return self._watch(proc, {}, time.monotonic())
+
+    def _watch(self, proc: subprocess.Popen[bytes], tracked: dict[tuple[int, float], Any], started: float
+               ) -> tuple[int, bool, float]:
+        """Wait for ``proc`` until ``timeout`` seconds after ``started``; then kill its whole tree."""
+        timed_out = False
+        deadline = started + self.timeout
+        while True:
+            _track(proc.pid, tracked)
+            try:
+                proc.wait(timeout=self.poll_interval)
+                break
+            except subprocess.TimeoutExpired:
+                if time.monotonic() >= deadline:
+                    timed_out = True
                     break
-                except subprocess.TimeoutExpired:
-                    if time.monotonic() >= deadline:
-                        timed_out = True
-                        break
-            # Kill on timeout, and also sweep up what a finished run left behind (background processes).
-            _kill(proc, tracked)
-            returncode = proc.wait()
+        # Kill on timeout, and also sweep up what a finished run left behind (background processes).
+        _kill(proc, tracked)
+        returncode = proc.wait()
         return returncode, timed_out, round(time.monotonic() - started, 3)
+
+    def _shape(self, cwd: str | Path | None, env: Mapping[str, str] | None, work_dir: Path) -> _Shape:
+        """What a standby must have been started for to run this submission: everything but its identity."""
+        extra = dict(env or {})
+        kubeconfig = extra.pop("KUBECONFIG", None)
+        return _Shape(str(Path(cwd).resolve()) if cwd else None, tuple(sorted(extra.items())),
+                      kubeconfig is not None, self.jail.upstream(Path(kubeconfig)) if kubeconfig else None,
+                      str(work_dir.resolve()))
+
+    def _start_standby(self, shape: _Shape) -> _Standby:
+        """A jail with papermill's child in it, its kernel starting, waiting for a submission (see _papermill_child)."""
+        jail = self.jail
+        run_dir = jail.make_run_dir()
+        standby = _Standby(shape, run_dir)
+        try:
+            kernel_cwd = Path(shape.cwd) if shape.cwd else None
+            if kernel_cwd is None or not any(kernel_cwd == k or k in kernel_cwd.parents for k in jail.kept()):
+                kernel_cwd = run_dir
+            kernel_env, _ = jail.kernel_env(self.child_env(dict(shape.env), run_dir / ".runtime"), run_dir)
+            if shape.identity:
+                # Whose identity it runs as is known once its submission is there: go() writes the file.
+                target = run_dir / "kubeconfig"
+                target.write_bytes(b"")
+                target.chmod(0o600)
+                jail.own(target)
+                kernel_env["KUBECONFIG"] = str(target)
+            child_spec = {"kernel_name": self.kernel_name, "start_timeout": self.start_timeout,
+                          "cwd": str(kernel_cwd), "preload": list(self.preload), "go_path": str(standby.go_path)}
+            child_spec_path = run_dir / ".spec.json"
+            child_spec_path.write_text(json.dumps(child_spec), encoding="utf-8")
+            jail.own(child_spec_path)
+            argv = [self.python, "-m", "gpulab.grading._papermill_child", str(child_spec_path)]
+            upstream = shape.upstream
+            standby.spec = jail.spec(argv, kernel_env, kernel_cwd, run_dir, upstream[1] if upstream else None)
+            jail_spec_path = run_dir / ".jail.json"
+            jail_spec_path.write_text(json.dumps(standby.spec), encoding="utf-8")
+            standby.stack.enter_context(jail.relay(run_dir / "apiserver.sock", upstream))
+            standby.log_path = Path(shape.work_dir) / f".standby-{run_dir.name}.log"
+            standby.log = open(standby.log_path, "wb")  # noqa: SIM115 - closed by _Standby.discard
+            standby.proc = subprocess.Popen(jail.command(jail_spec_path), env={"PATH": "/usr/bin:/bin"},
+                                            cwd=str(run_dir), stdin=subprocess.DEVNULL, stdout=standby.log,
+                                            stderr=subprocess.STDOUT, start_new_session=True)
+        except BaseException:
+            standby.discard(jail)
+            raise
+        return standby
+
+    def _take_standby(self, shape: _Shape) -> _Standby | None:
+        """A started standby of this shape whose process is still waiting, if there is one."""
+        with self._standby_lock:
+            for standby in list(self._standbys):
+                if standby.shape == shape:
+                    self._standbys.remove(standby)
+                    if standby.proc is not None and standby.proc.poll() is None:
+                        return standby
+                    standby.discard(self.jail)
+        return None
+
+    def _refill(self, shape: _Shape) -> None:
+        """Start a standby for the next submission like this one, while ``warm`` asks for one.
+
+        In the calling thread, which lives on (the run's, or a grading pool's): the jail's processes get
+        SIGKILL when the thread that started them ends (``setpriv --pdeathsig``).
+        """
+        with self._standby_lock:
+            if self._closed or sum(s.shape == shape for s in self._standbys) >= self.warm:
+                return
+        try:
+            standby = self._start_standby(shape)
+        except Exception:  # noqa: BLE001 - the next run starts cold then
+            return
+        with self._standby_lock:
+            if not self._closed:
+                self._standbys.append(standby)
+                return
+        standby.discard(self.jail)
+
+    def close(self) -> None:
+        """Stop the standbys started for submissions that never came."""
+        with self._standby_lock:
+            self._closed = True
+            standbys, self._standbys = self._standbys, []
+        for standby in standbys:
+            standby.discard(self.jail)
 
     def _run_jailed(self, notebook: Path, params: dict[str, Any], cwd: str | Path | None,
                     env: Mapping[str, str] | None, output_path: Path, results_path: Path, log_path: Path
                     ) -> tuple[int, bool, float, Path]:
         """Run papermill inside the jail on a private copy; move what it wrote to the caller's paths."""
         jail = self.jail
-        run_dir = jail.make_run_dir()
-        spec: dict[str, Any] = {}
+        work_dir = output_path.parent
+        shape = self._shape(cwd, env, work_dir)
+        standby = self._take_standby(shape) or self._start_standby(shape)
+        run_dir = standby.run_dir
         try:
             run_input = run_dir / "submission.ipynb"
             shutil.copyfile(notebook, run_input)
             jail.own(run_input)
+            if env and env.get("KUBECONFIG"):
+                target = run_dir / "kubeconfig"
+                shutil.copyfile(env["KUBECONFIG"], target)
+                target.chmod(0o600)
+                jail.own(target)
             run_output, run_results = run_dir / "executed.ipynb", run_dir / "results.json"
             child_result = run_dir / ".result.json"
-            kernel_cwd = Path(cwd).resolve() if cwd else None
-            if kernel_cwd is None or not any(kernel_cwd == k or k in kernel_cwd.parents for k in jail.kept()):
-                kernel_cwd = run_dir
             params = dict(params)
             if params.get("results_path") == str(results_path.resolve()):
                 params["results_path"] = str(run_results)
-            child_spec = {"input": str(run_input), "output": str(run_output), "parameters": params,
-                          "kernel_name": self.kernel_name, "cell_timeout": self.cell_timeout,
-                          "start_timeout": self.start_timeout, "cwd": str(kernel_cwd),
-                          "result_path": str(child_result)}
-            child_spec_path = run_dir / ".spec.json"
-            child_spec_path.write_text(json.dumps(child_spec), encoding="utf-8")
-            jail.own(child_spec_path)
-            kernel_env, upstream = jail.kernel_env(self.child_env(env, run_dir / ".runtime"), run_dir)
-            argv = [self.python, "-m", "gpulab.grading._papermill_child", str(child_spec_path)]
-            spec = jail.spec(argv, kernel_env, kernel_cwd, run_dir, upstream[1] if upstream else None)
-            jail_spec_path = run_dir / ".jail.json"
-            jail_spec_path.write_text(json.dumps(spec), encoding="utf-8")
-            with jail.relay(run_dir / "apiserver.sock", upstream):
-                returncode, timed_out, duration = self._supervise(
-                    jail.command(jail_spec_path), {"PATH": "/usr/bin:/bin"}, str(run_dir), log_path)
+            os.replace(standby.log_path, log_path)  # the open log follows
+            standby.log_path = log_path
+            standby.go({"input": str(run_input), "output": str(run_output), "parameters": params,
+                        "cell_timeout": self.cell_timeout, "result_path": str(child_result)}, jail)
+            handed_over = time.monotonic()
+            if self.warm:
+                self._refill(shape)  # the next submission's kernel starts while this one runs
+            assert standby.proc is not None
+            returncode, timed_out, duration = self._watch(standby.proc, standby.tracked, handed_over)
             for produced, final in ((run_output, output_path), (run_results, results_path)):
                 _take_regular_file(produced, final)
             kept_result = results_path.with_name(f".{results_path.stem}.child.json")
             _take_regular_file(child_result, kept_result)
             return returncode, timed_out, duration, kept_result
         finally:
-            if spec:
-                jail.cleanup(spec)
-            shutil.rmtree(run_dir, ignore_errors=True)
+            standby.discard(jail)
+
+
+@dataclass(frozen=True)
+class _Shape:
+    """What a jailed run is started with before its submission is known (see Runner.warm)."""
+
+    cwd: str | None               # the kernel's working directory asked for (None: the run directory)
+    env: tuple[tuple[str, str], ...]  # the caller's environment for the kernel, but KUBECONFIG
+    identity: bool                # it runs with a KUBECONFIG (written into the jail when the submission comes)
+    upstream: tuple[str, int] | None  # the apiserver the jail relays to
+    work_dir: str                 # where the run's files go
+
+
+@dataclass
+class _Standby:
+    """One jailed papermill child, its kernel started, waiting for a submission (see Runner.warm)."""
+
+    shape: _Shape
+    run_dir: Path
+    spec: dict[str, Any] = field(default_factory=dict)
+    proc: subprocess.Popen[bytes] | None = None
+    log: Any = None
+    log_path: Path | None = None
+    tracked: dict[tuple[int, float], Any] = field(default_factory=dict)
+    stack: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
+
+    @property
+    def go_path(self) -> Path:
+        return self.run_dir / ".go.json"
+
+    def go(self, submission: Mapping[str, Any], jail: Any) -> None:
+        """Hand the submission over (atomically: the child reads the file once it is there)."""
+        tmp = self.run_dir / ".go.json.tmp"
+        tmp.write_text(json.dumps(dict(submission)), encoding="utf-8")
+        jail.own(tmp)
+        os.replace(tmp, self.go_path)
+
+    def discard(self, jail: Any) -> None:
+        """Kill what it runs, stop its relay, remove its jail and run directory. Idempotent."""
+        if self.proc is not None:
+            _track(self.proc.pid, self.tracked)
+            _kill(self.proc, self.tracked)
+            with contextlib.suppress(Exception):
+                self.proc.wait(timeout=10)
+            self.proc = None
+        self.stack.close()
+        if self.log is not None:
+            self.log.close()
+            self.log = None
+        if self.log_path is not None and self.log_path.name.startswith(".standby-"):
+            self.log_path.unlink(missing_ok=True)  # never handed a submission: nothing to keep
+        if self.spec:
+            jail.cleanup(self.spec)
+            self.spec = {}
+        shutil.rmtree(self.run_dir, ignore_errors=True)
 
 
 # A submission controls every file in its run directory: take only regular files, never what a link points at.

@@ -236,3 +236,43 @@ def test_the_next_grader_removes_what_a_killed_graders_jail_left(tmp_path):
         (d / "home").mkdir(parents=True)
     assert sorted(jail_mod.sweep_stale(tmp_path)) == sorted([dead_run, dead_root, reused_pid])
     assert live.is_dir() and other.is_dir() and not dead_run.exists()
+
+
+def _kubeconfig(path: Path, user: str) -> Path:
+    path.write_text(f"apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster: {{server: 'https://127.0.0.1:6443'}}\n"
+                    f"users:\n- name: {user}\n  user: {{token: {user}}}\n"
+                    f"contexts:\n- name: c\n  context: {{cluster: c, user: {user}}}\ncurrent-context: c\n",
+                    encoding="utf-8")
+    return path
+
+
+def test_a_warm_runner_hands_each_submission_a_kernel_started_ahead_in_a_jail_of_its_own(tmp_path, jail):
+    """A batch's next submission finds its kernel started (the labs' modules loaded) in a fresh jail; it runs
+    as its own identity; close() stops the standby nobody took."""
+    nb = write(notebook([
+        "import os, sys, gpulab.grading as g\n"
+        "g.record('preloaded', 'kubernetes.client' in sys.modules)\n"
+        "g.record('identity', open(os.environ['KUBECONFIG']).read().split('token: ')[1].split('}')[0])\n"
+        "g.record('run_dir', os.environ['HOME'])\n"
+        "g.record('count', get_ipython().execution_count)",
+    ]), tmp_path / "sub" / "nb.ipynb")
+    runner = Runner(cell_timeout=60, timeout=120, jail=jail, warm=1)
+    seen = []
+    try:
+        for learner in ("alice", "bob"):
+            env = {"KUBECONFIG": str(_kubeconfig(tmp_path / f"{learner}.kubeconfig", learner))}
+            ex = runner.run(nb, tmp_path / "work", env=env, name=learner)
+            assert ex.ok, (ex.message, ex.traceback, ex.log_path.read_text() if ex.log_path else "")
+            seen.append(load_results(ex.results_path))
+            [standby] = runner._standbys  # the next one's, started while this one ran
+            assert standby.proc is not None and standby.proc.poll() is None
+        assert [v["identity"] for v in seen] == ["alice", "bob"]
+        # The modules were loaded silently: the cells count as in papermill's own kernel (parameters, injected, 4th).
+        assert all(v["preloaded"] for v in seen) and [v["count"] for v in seen] == [4, 4]
+        assert seen[0]["run_dir"] != seen[1]["run_dir"]
+        assert (tmp_path / "work" / "bob.log").exists()
+    finally:
+        left = list(runner._standbys)
+        runner.close()
+    assert runner._standbys == [] and all(s.proc is None and not s.run_dir.exists() for s in left)
+    assert not list((tmp_path / "work").glob(".standby-*"))  # the log of the one nobody took is gone too
