@@ -7,7 +7,9 @@ Start order and why:
    (the Node objects of the topology) and installs the cluster's defaults
    (a default StorageClass, KWOK's log/exec CRDs).
 3. ``kube-controller-manager`` and ``kube-scheduler`` — unmodified, with
-   leader election off (one replica; a stale lease would delay a restart).
+   leader election off (one replica; a stale lease would delay a restart);
+   the scheduler with a configuration file of two profiles, Kubernetes'
+   default and a bin-packing one (:mod:`.schedulerconfig`).
 4. ``kwok`` — node heartbeats and leases, and the kubelet's HTTP API
    (``kubectl logs``/``exec``) for every simulated node.
 5. ``node-agent`` — gpulab's simulated kubelet: makes (or adopts) the nodes'
@@ -51,7 +53,7 @@ from .base import say_to_stderr as _say
 from ..kube.names import API_ADDRESS, NODE_ANNOTATION, POD_CIDR, SERVICE_CIDR
 from ..runtime import network, sandbox, shim, streaming
 from ..runtime.resourcemetrics import SERVING_CERT as NODE_AGENT_SERVING_CERT
-from . import binaries, clusterdns, kubeproxy, metricsserver, nodes
+from . import binaries, clusterdns, kubeproxy, metricsserver, nodes, schedulerconfig
 from . import status as status_mod
 from ..kube import api, kubeconfig, pki
 from .processes import Component, ProcessTable, StartError, free_port, http_ok, https_ok, port_is_free, who_listens
@@ -60,7 +62,8 @@ from ..kube.topology import load as load_topology
 
 
 #: kube-controller-manager's and kube-scheduler's client rates to the apiserver (``--kube-api-qps``,
-#: ``--kube-api-burst``; defaults 20 and 30): raised as operators of large clusters raise them, so that creating
+#: ``--kube-api-burst``, defaults 20 and 30; the scheduler's are its configuration file's
+#: ``clientConnection.qps``/``burst``): raised as operators of large clusters raise them, so that creating
 #: pods and binding them is not held to 20 requests a second (bench/scale_bench.py, BENCHMARKS.md).
 CLIENT_RATES = (100, 200)
 
@@ -364,7 +367,11 @@ class EmbeddedCluster(StateDir):
                 "--horizontal-pod-autoscaler-downscale-stabilization=30s",
             ], https_ok(f"https://127.0.0.1:{ports['controller-manager']}/healthz"))
         if name == "kube-scheduler":
-            return Component(name, [str(bins[name]), *self._client_flags(name, ports["scheduler"])],
+            # Its client, leader election and profiles are in its configuration file (schedulerconfig).
+            config = schedulerconfig.write(self.root / "kube-scheduler.yaml", kc / f"{name}.yaml",
+                                           qps=CLIENT_RATES[0], burst=CLIENT_RATES[1], leader_elect=False)
+            return Component(name, [str(bins[name]), f"--config={config}",
+                                    *self._serving_flags(name, ports["scheduler"]), "--v=0"],
                              https_ok(f"https://127.0.0.1:{ports['scheduler']}/healthz"))
         if name == "kwok":
             port = ports["kwok"]
@@ -439,15 +446,20 @@ class EmbeddedCluster(StateDir):
                           f"        udsName: {json.dumps(str(uds))}\n")
         return [f"--egress-selector-config-file={config}"]
 
-    def _client_flags(self, name: str, port: int) -> list[str]:
-        """Flags kube-controller-manager and kube-scheduler share."""
+    def _serving_flags(self, name: str, port: int) -> list[str]:
+        """Flags kube-controller-manager and kube-scheduler share: where each serves /healthz, and how it
+        checks who asks."""
         kubeconfig = self.root / "kubeconfigs" / f"{name}.yaml"
         return [
-            f"--kubeconfig={kubeconfig}", f"--authentication-kubeconfig={kubeconfig}",
-            f"--authorization-kubeconfig={kubeconfig}",
+            f"--authentication-kubeconfig={kubeconfig}", f"--authorization-kubeconfig={kubeconfig}",
             "--bind-address=127.0.0.1", f"--secure-port={port}",
-            # One replica each: a lease left by the previous run would only
-            # delay the restart.
+        ]
+
+    def _client_flags(self, name: str, port: int) -> list[str]:
+        """kube-controller-manager's client flags (kube-scheduler has the same in its configuration file)."""
+        return [
+            f"--kubeconfig={self.root / 'kubeconfigs' / f'{name}.yaml'}", *self._serving_flags(name, port),
+            # One replica: a lease left by the previous run would only delay the restart.
             "--leader-elect=false", f"--kube-api-qps={CLIENT_RATES[0]}", f"--kube-api-burst={CLIENT_RATES[1]}",
             "--v=0",
         ]

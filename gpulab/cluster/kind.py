@@ -21,7 +21,14 @@ Why the steps are split the way they are:
 - node names come from kubeadm's ``nodeRegistration.name`` (kind names its
   containers ``<cluster>-worker<N>``; lessons talk about ``gpu-node-1``);
 - taints go into kubeadm's ``nodeRegistration.taints``, so a tainted node is
-  never schedulable untainted, not even for a moment.
+  never schedulable untainted, not even for a moment;
+- kube-scheduler runs the embedded backend's profiles (:mod:`.schedulerconfig`):
+  ``up`` writes the configuration file into a directory of its own, the
+  control-plane node mounts that directory (``extraMounts``) and a kubeadm
+  ``ClusterConfiguration`` patch gives the scheduler's static pod the
+  directory as a volume and ``--config`` (kubeadm's own flags stay:
+  ``--leader-elect=true`` is honoured with a file, ``--kubeconfig`` is not,
+  so the file names kubeadm's ``/etc/kubernetes/scheduler.conf``).
 
 Only the pure parts (config rendering, tool checks, the manifests) are tested
 on machines without Docker; creating a cluster is tested end to end only where
@@ -40,7 +47,8 @@ from typing import Any
 import yaml
 
 from .. import _poll, paths, versions
-from . import binaries, nodes
+from .._fsutil import atomic_write_text
+from . import binaries, nodes, schedulerconfig
 from .base import ClusterError, Say
 from .base import say_to_stderr as _say
 from ..fakegpu import gfd, llmserver
@@ -64,6 +72,15 @@ NAMESPACE = OPERATOR_NAMESPACE
 #: that do not exist).
 FAKE_MODEL_LABEL = "gpulab.io/fake-gpu.model"
 FAKE_COUNT_LABEL = "gpulab.io/fake-gpu.count"
+
+#: kube-scheduler's configuration on the control-plane node: a directory mounted from the host's
+#: ``<kind dir>/kube-scheduler/`` (a directory, not the file: a bind-mounted file would keep showing the
+#: old one after an atomic rewrite), seen at the same path by kubeadm's static pod of the scheduler.
+SCHEDULER_DIR_NAME = "kube-scheduler"
+SCHEDULER_NODE_DIR = "/etc/kubernetes/gpulab-scheduler"
+SCHEDULER_CONFIG_NAME = "kube-scheduler.yaml"
+#: The kubeconfig kubeadm writes for the scheduler (its ``--kubeconfig``, ignored once ``--config`` is given).
+SCHEDULER_KUBECONFIG = "/etc/kubernetes/scheduler.conf"
 
 KIND_BUILD = binaries.Build("kind", KIND_VERSION, (("sigs.k8s.io/kind", "kind"),), "-s -w")
 
@@ -119,12 +136,39 @@ def node_labels(spec: NodeSpec) -> dict[str, str]:
     return labels
 
 
-def render_config(topo: Topology, name: str = DEFAULT_NAME, node_image: str = NODE_IMAGE) -> dict[str, Any]:
+def scheduler_config() -> str:
+    """kube-scheduler's configuration file on this backend: the same profiles as the embedded backend's,
+    kubeadm's kubeconfig, leader election on as kubeadm's flag has it anyway."""
+    return schedulerconfig.render(SCHEDULER_KUBECONFIG, leader_elect=True)
+
+
+def scheduler_patch() -> dict[str, Any]:
+    """The kubeadm ``ClusterConfiguration`` patch that starts kube-scheduler with :func:`scheduler_config`.
+
+    Versioned (``kubeadm.k8s.io/v1beta4``, what kind uses from Kubernetes 1.36 on), so ``extraArgs`` is
+    v1beta4's list of name/value pairs; kind appends them to its own.
+    """
+    return {
+        "apiVersion": "kubeadm.k8s.io/v1beta4",
+        "kind": "ClusterConfiguration",
+        "scheduler": {
+            "extraArgs": [{"name": "config", "value": f"{SCHEDULER_NODE_DIR}/{SCHEDULER_CONFIG_NAME}"}],
+            "extraVolumes": [{"name": "gpulab-scheduler", "hostPath": SCHEDULER_NODE_DIR,
+                              "mountPath": SCHEDULER_NODE_DIR, "readOnly": True, "pathType": "Directory"}],
+        },
+    }
+
+
+def render_config(topo: Topology, name: str = DEFAULT_NAME, node_image: str = NODE_IMAGE,
+                  scheduler_dir: Path | None = None) -> dict[str, Any]:
     """The kind ``Cluster`` (v1alpha4) for a topology: one control plane, one worker per node.
 
     Labels the kubelet may not set itself are left out here; :func:`admin_labels`
-    lists them for :meth:`KindCluster.up` to apply.
+    lists them for :meth:`KindCluster.up` to apply. ``scheduler_dir`` is the host's
+    directory with :func:`scheduler_config` (:meth:`KindCluster.up` writes it; by
+    default the one in ``paths.kind_dir()``), mounted into the control-plane node.
     """
+    scheduler_dir = (scheduler_dir or paths.kind_dir() / SCHEDULER_DIR_NAME).absolute()
     workers = []
     for spec in topo.nodes:
         registration: dict[str, Any] = {"name": spec.name}
@@ -141,7 +185,13 @@ def render_config(topo: Topology, name: str = DEFAULT_NAME, node_image: str = NO
         "kind": "Cluster",
         "apiVersion": "kind.x-k8s.io/v1alpha4",
         "name": name,
-        "nodes": [{"role": "control-plane", "image": node_image}, *workers],
+        "nodes": [{
+            "role": "control-plane",
+            "image": node_image,
+            "extraMounts": [{"hostPath": str(scheduler_dir), "containerPath": SCHEDULER_NODE_DIR,
+                             "readOnly": True}],
+            "kubeadmConfigPatches": [yaml.safe_dump(scheduler_patch(), sort_keys=False)],
+        }, *workers],
     }
 
 
@@ -155,11 +205,13 @@ def admin_labels(topo: Topology) -> dict[str, dict[str, str]]:
     return out
 
 
-def config_yaml(topo: Topology, name: str = DEFAULT_NAME, node_image: str = NODE_IMAGE) -> str:
+def config_yaml(topo: Topology, name: str = DEFAULT_NAME, node_image: str = NODE_IMAGE,
+                scheduler_dir: Path | None = None) -> str:
     header = (f"# kind cluster for topology {topo.name!r}, generated by gpulab (gpulab/cluster/kind.py).\n"
               "# `gpulab up --backend kind` writes and uses this; labels that a kubelet may not set\n"
               "# on its own Node are applied after creation.\n")
-    return header + yaml.dump(render_config(topo, name, node_image), Dumper=_BlockDumper, sort_keys=False)
+    return header + yaml.dump(render_config(topo, name, node_image, scheduler_dir), Dumper=_BlockDumper,
+                              sort_keys=False)
 
 
 class _BlockDumper(yaml.SafeDumper):
@@ -287,6 +339,11 @@ class KindCluster(StateDir):
     def config_file(self) -> Path:
         return self.root / "kind-config.yaml"
 
+    @property
+    def scheduler_dir(self) -> Path:
+        """The host's directory the control-plane node mounts kube-scheduler's configuration from."""
+        return self.root / SCHEDULER_DIR_NAME
+
     def clusters(self) -> list[str]:
         """Names of the kind clusters that exist on this Docker host."""
         out = _run([kind(), "get", "clusters"], "listing kind clusters", timeout=60)
@@ -359,12 +416,14 @@ class KindCluster(StateDir):
                 f"a kind cluster named {self.name!r} already exists and gpulab did not create it "
                 f"(no {self.state_file}); nothing was changed. Delete it with `kind delete cluster --name "
                 f"{self.name}` or pick another name with GPULAB_KIND_CLUSTER=<name>.")
+        # The control-plane node mounts this directory; its kube-scheduler reads the file whenever it starts.
+        atomic_write_text(self.scheduler_dir / SCHEDULER_CONFIG_NAME, scheduler_config())
         if self.name in existing:
             self._export_kubeconfig(kind_exe)
             self._install_stack(docker_exe, kind_exe, topo, say)
             return f"kind cluster {self.name!r} already exists ({len(topo.nodes)} nodes); kubeconfig: {paths.shown(self.kubeconfig)}"
         self.root.mkdir(parents=True, exist_ok=True)
-        self.config_file.write_text(config_yaml(topo, self.name))
+        self.config_file.write_text(config_yaml(topo, self.name, scheduler_dir=self.scheduler_dir))
         say(f"creating kind cluster {self.name!r}: {len(topo.nodes)} workers from topology {topo.name!r} "
             f"({self.config_file})")
         _run([kind_exe, "create", "cluster", "--name", self.name, "--config", str(self.config_file),

@@ -31,6 +31,7 @@ Helpers, all usable after ``from gpulab.notebook import *``:
 ``gpu_pods()``         pods that request GPUs (the chapter's ``jq`` listing)
 ``remove_image(n, i)`` take an image off a node, as ``crictl rmi`` there (a cold start next time)
 ``plot_allocation()``  nvidia.com/gpu per node: who holds which card count
+``plot_free_gpus()``   free GPUs per node under each set-up (fragmentation vs bin-packing)
 ``plot_card_memory()`` how model replicas fit in a card's memory, per sharing scheme
 ``plot_gpu_memory()``  what the pods on each physical GPU asked of its memory, and who failed
 ``plot_latency()``     p50 and p99 latency of the same requests under each set-up
@@ -69,7 +70,7 @@ from .lesson import Changes, Lab, reset_lesson, setup
 from .logs import LogFollower, follow_logs
 from .manifest import apply, delete, show_manifest
 from .metrics import custom_metrics, dcgm_metrics
-from .plots import plot_allocation, plot_card_memory, plot_gpu_memory, plot_latency
+from .plots import plot_allocation, plot_card_memory, plot_free_gpus, plot_gpu_memory, plot_latency
 from .pod import GPU, pending_reason, placements, pod_gpus, pod_status, pods, wait_pods
 from .quiz import show_quiz
 from .service import endpoints
@@ -88,7 +89,8 @@ __all__ = [
     "wait_for", "wait_pods", "wait_job", "pods", "pod_status", "pod_gpus", "pending_reason", "placements", "nodes",
     "gpu_pods", "gpu_allocation", "events", "endpoints", "follow_logs", "LogFollower", "remove_image",
     # showing
-    "Table", "plot_allocation", "plot_card_memory", "plot_gpu_memory", "plot_latency", "watch_pods", "Timeline",
+    "Table", "plot_allocation", "plot_card_memory", "plot_free_gpus", "plot_gpu_memory", "plot_latency", "watch_pods",
+    "Timeline",
     # checking
     "expect", "show_quiz", "Changes", "GPU", "REPO",
     # monitoring and cost

@@ -11,12 +11,14 @@ are what the other figures (timelines, HPA, usage) are made with.
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+import re
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .gpus import gpu_allocation, gpu_pods
 
-__all__ = ["plot_allocation", "plot_card_memory", "plot_gpu_memory", "plot_latency", "new_figure", "show_figure"]
+__all__ = ["plot_allocation", "plot_card_memory", "plot_free_gpus", "plot_gpu_memory", "plot_latency", "new_figure",
+           "show_figure"]
 
 # The face of the Noto Sans CJK collection for zh-CN (its simplified-Chinese glyph forms).
 CJK_FONT = "Noto Sans CJK SC"
@@ -212,4 +214,48 @@ def plot_gpu_memory(rows: Sequence[dict[str, Any]], capacity_mib: int, title: st
     ax.set_xlim(0, top * 1.02)
     ax.set_xlabel("Pod 申请的显存（MiB）。蓝色：运行中；红色：失败")
     ax.set_title(title or "每张物理卡上的显存")
+    return show_figure(fig, show)
+
+
+def _natural(name: str) -> list[Any]:
+    """Sort key that puts h100-node-2 before h100-node-10."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
+
+
+def plot_free_gpus(free: Mapping[str, Mapping[str, int]], per_node: int, need: int, title: str | None = None,
+                   show: bool = True) -> Any:
+    """Free GPUs of every node under each set-up: ``free`` maps a set-up's name to ``{node: free GPUs}``.
+
+    One panel per set-up, one bar per node (in name order): the cards given out
+    dark, the free ones light, and green where ``need`` free cards are on that one
+    node (a pod asking for ``need`` fits there). A dashed line marks ``need``; each
+    panel's title says how many cards are free in all and on how many nodes such a
+    pod fits. Displays the figure (returns None); ``show=False`` returns it.
+    """
+    fig = new_figure(10, 0.6 + 2.6 * max(1, len(free)))
+    used_colour, free_colour, fits_colour = "#0969da", "#d0d7de", "#4ac26b"
+    for i, (setup, by_node) in enumerate(free.items()):
+        ax = fig.add_subplot(len(free), 1, i + 1)
+        names = sorted(by_node, key=_natural)
+        xs = range(len(names))
+        spare = [by_node[n] for n in names]
+        ax.bar(xs, [per_node - f for f in spare], color=used_colour, edgecolor="white", label="已分配")
+        ax.bar(xs, spare, bottom=[per_node - f for f in spare], edgecolor="white",
+               color=[fits_colour if f >= need else free_colour for f in spare], label="空闲")
+        ax.axhline(need, color="#57606a", linestyle="--", linewidth=1.2)
+        ax.text(len(names) - 0.5, need + per_node * 0.03, f"{need} 卡 Pod 要求单台节点空闲 {need} 张",
+                ha="right", va="bottom", color="#57606a", fontsize=8)
+        fits = sum(1 for f in spare if f >= need)
+        ax.set_title(f"{setup}：空闲 {sum(spare)} 张，能放下 {need} 卡 Pod 的节点 {fits} 台", fontsize=10)
+        ax.set_xticks(list(xs), names, rotation=60, ha="right", fontsize=8)
+        ax.set_ylim(0, per_node * 1.4)  # room above the bars for the legend and the line's label
+        ax.set_yticks(range(0, per_node + 1, 2))
+        ax.set_ylabel("nvidia.com/gpu（张）")
+        if i == 0:
+            from matplotlib.patches import Patch
+
+            ax.legend(handles=[Patch(color=used_colour, label="已分配"), Patch(color=free_colour, label="空闲"),
+                               Patch(color=fits_colour, label=f"空闲，且够 {need} 张")],
+                      loc="upper left", fontsize=8, ncols=3, frameon=False)
+    fig.suptitle(title or "每台节点空闲的 GPU")
     return show_figure(fig, show)

@@ -138,3 +138,29 @@ def test_gpu_request_without_limit_is_rejected(kube, ns):
     with pytest.raises(api.ApiError) as err:
         create(kube, ns, pod)
     assert "Limit must be set for non overcommitable resources" in err.value.message
+
+
+def test_pods_naming_the_binpack_profile_are_scheduled_by_it_onto_one_node(kube, ns):
+    """kube-scheduler runs gpulab's profiles (gpulab/cluster/schedulerconfig.py): pods that name gpu-binpack are
+    bound by that profile, whose name is the Scheduled event's source, and it packs them (MostAllocated)."""
+    from gpulab.cluster.schedulerconfig import BINPACK_PROFILE
+
+    names = [f"packed-{i}" for i in range(3)]
+    for name in names:
+        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+               "spec": {"schedulerName": BINPACK_PROFILE, "terminationGracePeriodSeconds": 1,
+                        "containers": [{"name": "main", "image": "nvcr.io/nvidia/cuda:12.6.2-base-ubuntu24.04",
+                                        "resources": {"requests": {"cpu": "1", "memory": "1Gi"}}}]}}
+        create(kube, ns, pod)
+    placed = wait_for(lambda: (n := {p["metadata"]["name"]: p["spec"].get("nodeName") for p in kube.list("Pod", ns)})
+                      and all(n.get(name) for name in names) and n, what="the three pods bound")
+
+    def sources():
+        found = {e["involvedObject"]["name"]: e.get("reportingComponent") for e in kube.list("Event", ns)
+                 if e.get("reason") == "Scheduled"}
+        return found if set(found) >= set(names) else None
+
+    by = wait_for(sources, what="Scheduled events")
+    assert {by[n] for n in names} == {BINPACK_PROFILE}, by
+    # The node already most used wins each time: after the first pod, that is the node the first one went to.
+    assert len({placed[n] for n in names}) == 1, placed

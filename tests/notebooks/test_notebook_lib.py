@@ -419,6 +419,8 @@ def _cjk_figures(monkeypatch):
     yield "plot_gpu_memory", nb.plot_gpu_memory([{"GPU": "GPU 0", "POD": "推理-a", "MIB": 16384, "FAILED": False},
                                                  {"GPU": "GPU 0", "POD": "greedy", "MIB": 70000, "FAILED": True}],
                                                 81559, show=False)
+    yield "plot_free_gpus", nb.plot_free_gpus({"默认调度器": {"h100-node-1": 5, "h100-node-2": 5},
+                                               "gpu-binpack": {"h100-node-1": 0, "h100-node-2": 8}}, 8, 8, show=False)
     yield "Timeline.plot", _fake_timeline().plot(labels={"train-0": "训练 0"}, show=False)
     yield "HpaTimeline.plot", _fake_hpa().plot(show=False)
     usage = _fake_usage_report()
@@ -531,6 +533,20 @@ def test_plot_gpu_memory_stacks_pods_per_gpu_and_marks_the_card():
     assert [t.get_text() for t in ax.get_yticklabels()] == ["GPU 0", "GPU 1"]
     assert ax.lines[0].get_xdata()[0] == 81559  # the card's memory
     assert ax.get_xlim()[1] > 16384 + 61440
+
+
+def test_plot_free_gpus_stacks_given_out_and_free_per_node_and_marks_where_a_big_pod_fits():
+    free = {"默认调度器": {"h100-node-10": 5, "h100-node-2": 5, "h100-node-1": 6},
+            "gpu-binpack": {"h100-node-10": 8, "h100-node-2": 0, "h100-node-1": 8}}
+    fig = nb.plot_free_gpus(free, 8, 8, show=False)
+    spread, packed = fig.axes[:2]
+    # Nodes in name order, numbers as numbers.
+    assert [t.get_text() for t in spread.get_xticklabels()] == ["h100-node-1", "h100-node-2", "h100-node-10"]
+    heights = [(round(b.get_x() + b.get_width() / 2), b.get_y(), b.get_height()) for b in packed.patches]
+    assert heights == [(0, 0, 0), (1, 0, 8), (2, 0, 0), (0, 0, 8), (1, 8, 0), (2, 0, 8)]
+    assert spread.get_title() == "默认调度器：空闲 16 张，能放下 8 卡 Pod 的节点 0 台"
+    assert packed.get_title() == "gpu-binpack：空闲 16 张，能放下 8 卡 Pod 的节点 2 台"
+    assert spread.lines[0].get_ydata()[0] == 8  # the big pod's request
 
 
 # -- the package's shape -------------------------------------------------------------------

@@ -105,12 +105,62 @@ def test_kubelet_label_rules(key: str, allowed: bool) -> None:
     assert kind.kubelet_may_set(key) is allowed
 
 
-def test_committed_example_config_is_in_sync() -> None:
+def test_committed_example_config_is_in_sync(monkeypatch) -> None:
+    # As rendered for a learner whose GPULAB_HOME is the default one, in a home named /home/learner.
+    monkeypatch.setenv("GPULAB_HOME", "/home/learner/.gpulab")
     committed = (REPO / "manifests" / "kind" / "cluster-default.yaml").read_text()
     assert committed == kind.config_yaml(topo_mod.load()), (
         "manifests/kind/cluster-default.yaml is stale: regenerate it with "
-        "`python -c 'from gpulab.cluster import kind, topology; print(kind.config_yaml(topology.load()), end=\"\")'"
-        " > manifests/kind/cluster-default.yaml`")
+        "`GPULAB_HOME=/home/learner/.gpulab python -c 'from gpulab.cluster import kind; from gpulab.kube import "
+        "topology; print(kind.config_yaml(topology.load()), end=\"\")' > manifests/kind/cluster-default.yaml`")
+
+
+# -- kube-scheduler's profiles on the control-plane node ------------------------------
+
+
+def _control_plane(config: dict) -> dict:
+    (node,) = [n for n in config["nodes"] if n["role"] == "control-plane"]
+    return node
+
+
+def test_the_control_plane_mounts_the_schedulers_configuration_directory(tmp_path: Path) -> None:
+    node = _control_plane(kind.render_config(topo_mod.load(), scheduler_dir=tmp_path / "kube-scheduler"))
+    assert node["extraMounts"] == [{"hostPath": str(tmp_path / "kube-scheduler"),
+                                    "containerPath": "/etc/kubernetes/gpulab-scheduler", "readOnly": True}]
+    # Without one given: the directory KindCluster.up writes, under GPULAB_HOME, as an absolute path.
+    default = _control_plane(kind.render_config(topo_mod.load()))["extraMounts"][0]["hostPath"]
+    assert Path(default).is_absolute() and Path(default) == (kind.KindCluster().scheduler_dir).absolute()
+
+
+def test_a_kubeadm_patch_starts_the_scheduler_with_the_mounted_file() -> None:
+    node = _control_plane(kind.render_config(topo_mod.load()))
+    (patch,) = node["kubeadmConfigPatches"]
+    patch = yaml.safe_load(patch)
+    # Versioned: kind uses kubeadm v1beta4 for Kubernetes 1.36 and later, whose extraArgs are a list.
+    assert patch["apiVersion"] == "kubeadm.k8s.io/v1beta4" and patch["kind"] == "ClusterConfiguration"
+    assert kind.NODE_IMAGE.startswith("kindest/node:v1.37.")
+    scheduler = patch["scheduler"]
+    assert scheduler["extraArgs"] == [{"name": "config",
+                                       "value": "/etc/kubernetes/gpulab-scheduler/kube-scheduler.yaml"}]
+    (volume,) = scheduler["extraVolumes"]
+    assert volume == {"name": "gpulab-scheduler", "hostPath": "/etc/kubernetes/gpulab-scheduler",
+                      "mountPath": "/etc/kubernetes/gpulab-scheduler", "readOnly": True, "pathType": "Directory"}
+    # The node's directory is the mount's container side; the file the flag names is in it.
+    assert volume["hostPath"] == node["extraMounts"][0]["containerPath"]
+    assert scheduler["extraArgs"][0]["value"].startswith(volume["mountPath"] + "/")
+    # Only the control plane is patched so: workers keep their JoinConfiguration patch alone.
+    assert all(len(w["kubeadmConfigPatches"]) == 1 for w in _workers(kind.render_config(topo_mod.load())).values())
+
+
+def test_the_kind_schedulers_file_has_the_same_profiles_and_kubeadms_kubeconfig() -> None:
+    from gpulab.cluster import schedulerconfig
+
+    config = yaml.safe_load(kind.scheduler_config())
+    assert config["profiles"] == schedulerconfig.profiles()
+    # --config makes kube-scheduler ignore kubeadm's --kubeconfig flag: the file names the same kubeconfig.
+    assert config["clientConnection"] == {"kubeconfig": "/etc/kubernetes/scheduler.conf"}
+    # kubeadm passes --leader-elect=true, which kube-scheduler still honours with --config: the file agrees.
+    assert config["leaderElection"] == {"leaderElect": True}
 
 
 # -- the manifests the kind path applies ---------------------------------------------
@@ -256,6 +306,10 @@ def test_up_creates_with_the_rendered_config_then_installs(fake_path, tmp_path) 
     assert lines[1] == "kind get clusters"
     assert lines[2].startswith(f"kind create cluster --name gpulab --config {cluster.config_file}")
     assert cluster.config_file.read_text() == kind.config_yaml(topo_mod.load())
+    # Before the create: the scheduler's configuration, in the directory the control plane mounts.
+    assert (cluster.scheduler_dir / "kube-scheduler.yaml").read_text() == kind.scheduler_config()
+    mount = _control_plane(yaml.safe_load(cluster.config_file.read_text()))["extraMounts"][0]
+    assert mount["hostPath"] == str(cluster.scheduler_dir.absolute())
     assert not cluster.exists()  # a failed create leaves no state claiming a cluster
 
 
