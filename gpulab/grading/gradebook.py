@@ -129,6 +129,9 @@ class NotebookRunner(Protocol):
             cwd: Path | None = None, env: Mapping[str, str] | None = None, name: str | None = None
             ) -> Execution: ...
 
+    def close(self) -> None:
+        """Stop whatever it keeps started for runs to come (:class:`~gpulab.grading.runner.Runner`'s standbys)."""
+
 
 class NullCollector:
     """For labs graded on recorded values only."""

@@ -283,6 +283,9 @@ class KernelRun:
         return Execution(Path(notebook), ok=True, executed=True, results_path=results,
                          message="checked from the notebook's own kernel", parameters=dict(parameters or {}))
 
+    def close(self) -> None:
+        """Nothing is kept started."""
+
 
 def check_kernel(lab: str, namespace: str, values: Mapping[str, Any], *, notebook: str | Path | None = None,
                  cluster: Cluster | None = None, client: api.Client | None = None) -> CheckReport:

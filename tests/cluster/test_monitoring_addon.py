@@ -97,7 +97,7 @@ def test_a_gpu_pods_series_carry_its_namespace_and_pod_and_the_adapter_serves_th
     requests = wait_for(lambda: query(kubectl, f'kube_pod_container_resource_requests{{namespace="{ns}",'
                                                f'resource="nvidia_com_gpu"}}'), 30, what="the pod's GPU request")
     assert requests[0]["metric"]["pod"] == "dev-notebook" and requests[0]["value"][1] == "1"
-    # prometheus-adapter: the same value through the aggregation layer (after its relist, 30 s at most).
+    # prometheus-adapter: the same value through the aggregation layer (after its relist, 10 s at most).
     raw = f"/apis/custom.metrics.k8s.io/v1beta2/namespaces/{ns}/pods/*/DCGM_FI_DEV_FB_USED"
 
     def served():
@@ -179,7 +179,7 @@ def test_an_hpa_scales_on_gpu_utilisation_through_prometheus_and_the_adapter_out
     for f in ("07-monitoring-cost/llm-autoscaled.yaml", "07-monitoring-cost/llm-hpa.yaml"):
         kubectl("-n", ns, "apply", "-f", str(manifest(f)))
     wait_for(lambda: _ready_replicas(kube, ns, "llm") == 1, 60, what="one ready llm replica")
-    # The adapter lists the new pod's series at its next relist (30 s): the HPA reads a value then.
+    # The adapter lists the new pod's series at its next relist (10 s): the HPA reads a value then.
     wait_for(lambda: ((kube.get("HorizontalPodAutoscaler", "llm", ns) or {}).get("status") or {}).get("currentMetrics"),
              90, what="the HPA's first reading through prometheus-adapter")
     # 5 requests/s of 16 tokens × 10 ms through the Service: one replica computes ~80 % of the time, twice the

@@ -39,7 +39,7 @@ def test_prometheus_keeps_the_exporters_pod_labels_and_the_adapter_relists_quick
     assert {"dcgm-exporter", "kube-state-metrics", "kubernetes-pods", "prometheus"} <= set(jobs)
     adapter = next(d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "prometheus-adapter")
     args = adapter["spec"]["template"]["spec"]["containers"][0]["args"]
-    assert "--metrics-relist-interval=30s" in args
+    assert "--metrics-relist-interval=10s" in args
     rules = yaml.safe_load(next(d for d in docs if d["metadata"]["name"] == "adapter-config")["data"]["config.yaml"])
     assert any("DCGM_FI_" in r["seriesQuery"] for r in rules["rules"])
 
