@@ -16,10 +16,10 @@ taints, PriorityClasses. This module is the only place that knows
   advertises what it should with all its devices healthy, no MIG change is
   in flight, and every operand DaemonSet of the ClusterPolicy's current spec
   is ready on exactly the nodes its selector matches
-  (:func:`gpulab.fakegpu.operator.stack_ready`) — for a few seconds in a
-  row after a MIG change, because the DaemonSet controller brings paused
-  operands back a moment after the node's labels say so, and for a second
-  after any other change (:data:`QUICK_HOLD`).
+  (:func:`gpulab.fakegpu.operator.stack_ready`: counted from the nodes'
+  labels too, since right after a MIG change the DaemonSet controller's
+  status lags behind the labels that bring paused operands back) — for a
+  second in a row (:data:`SETTLE_HOLD`).
 
 A lesson's ``reset`` (:mod:`gpulab.notebook`), a grader's ``SETUP``/``TEARDOWN``
 (:mod:`gpulab.grading.gpustack`, lab 02 and 08's fault fixtures) and the
@@ -67,13 +67,10 @@ POLICY = CLUSTER_POLICY
 STACK_LABELS = (CONFIG_LABEL, MIG_CONFIG_LABEL)
 LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
 SETTLE_TIMEOUT = 90.0
-# How long the stack must stay settled to count after a MIG change: the MIG manager pauses operands by their
-# nodes' labels, and the DaemonSet controller brings them back (and counts them in its status) a moment after
-# the labels say so.
-SETTLE_HOLD = 3.0
-# ... and after any other change, which the settled state itself tells apart (what each node advertises, each
-# operand DaemonSet's spec hash, its pods' readiness): long enough to see it stay so.
-QUICK_HOLD = 1.0
+# How long the stack must stay settled to count. The settled state tells every change apart (what each node
+# advertises, each operand DaemonSet's spec hash, its pods ready on the nodes its selector matches, even while
+# its status lags behind a MIG change's labels): long enough to see it stay so.
+SETTLE_HOLD = 1.0
 # A node's "resources" in a stack state: None = as installed (whole cards, nothing shared or
 # sliced); ANY = whatever the config says, as long as every device is healthy; a dict = exactly these.
 ANY = "any"
@@ -367,8 +364,7 @@ def restore(client: api.Client, state: Mapping[str, Any], timeout: float = SETTL
     """
     _wait(lambda: not gpu_pods(client), timeout, f"GPU pods to go ({', '.join(gpu_pods(client))})")
     done = put_back(client, state)
-    mig_change = any(r.what == "label" and r.detail == MIG_CONFIG_LABEL for r in done)
-    wait_settled(client, state["nodes"], timeout, hold=SETTLE_HOLD if mig_change else QUICK_HOLD,
+    wait_settled(client, state["nodes"], timeout,
                  what="the GPU nodes to advertise what they should and the stack to be ready")
     return done
 
@@ -470,7 +466,7 @@ def repair_faults(client: api.Client, cluster_root: Any, nodes: Mapping[str, int
         return done
     restart_stuck_operands(client, nodes)
     # The node agent has applied the faults (put_faults_back waits for it): what is left shows in the stack.
-    wait_settled(client, {name: {"resources": ANY} for name in nodes}, timeout, hold=QUICK_HOLD,
+    wait_settled(client, {name: {"resources": ANY} for name in nodes}, timeout,
                  what="every GPU allocatable again and the GPU stack ready")
     return done
 

@@ -295,6 +295,33 @@ def desired_daemonsets(policy: dict[str, Any], namespace: str = NAMESPACE) -> di
     return {op.name: daemonset(policy, op, namespace) if enabled(spec, op) else None for op in OPERANDS}
 
 
+def runs_on(ds: dict[str, Any], node: dict[str, Any]) -> bool:
+    """The DaemonSet controller starts a pod of ``ds`` on ``node``: its node selector matches and every taint
+    that keeps new pods off is tolerated (a DaemonSet's pods tolerate the node.kubernetes.io/ conditions)."""
+    template = ((ds.get("spec") or {}).get("template") or {}).get("spec") or {}
+    labels = node["metadata"].get("labels") or {}
+    if any(labels.get(k) != v for k, v in (template.get("nodeSelector") or {}).items()):
+        return False
+    tolerations = template.get("tolerations") or []
+    for taint in (node.get("spec") or {}).get("taints") or []:
+        if taint.get("effect") not in ("NoSchedule", "NoExecute") or taint.get("key", "").startswith(
+                "node.kubernetes.io/"):
+            continue
+        if not any(_tolerates(t, taint) for t in tolerations):
+            return False
+    return True
+
+
+def _tolerates(toleration: dict[str, Any], taint: dict[str, Any]) -> bool:
+    if toleration.get("effect") and toleration["effect"] != taint.get("effect"):
+        return False
+    if not toleration.get("key"):
+        return toleration.get("operator") == "Exists"
+    if toleration["key"] != taint.get("key"):
+        return False
+    return toleration.get("operator") == "Exists" or toleration.get("value", "") == taint.get("value", "")
+
+
 def daemonset_ready(ds: dict[str, Any]) -> bool:
     st = ds.get("status") or {}
     if st.get("observedGeneration", 0) < ds["metadata"].get("generation", 1):
@@ -482,6 +509,7 @@ def stack_ready(client: api.Client, since: float = 0.0) -> str | None:
     if state != STATE_READY:
         return f"clusterpolicy/{POLICY_NAME}: {state or 'no status yet'}"
     pods = client.list("Pod", NAMESPACE)
+    nodes = client.list("Node")
     for name, want in desired_daemonsets(policy, NAMESPACE).items():  # type: ignore[arg-type]
         ds = client.get("DaemonSet", name, NAMESPACE) if want is not None else None
         if want is None:
@@ -497,6 +525,10 @@ def stack_ready(client: api.Client, since: float = 0.0) -> str | None:
                  and not p["metadata"].get("deletionTimestamp") and _ready_since(p, since)]
         if len(ready) != (ds.get("status") or {}).get("desiredNumberScheduled", 0):
             return f"daemonset/{name}: {len(ready)} pods ready"
+        # ... and its status lags behind the nodes' labels (a MIG change pauses and brings back operands by them).
+        expected = sum(1 for node in nodes if runs_on(ds, node))
+        if len(ready) < expected:
+            return f"daemonset/{name}: {len(ready)} pods ready of the {expected} its node selector matches"
     for pod in pods:
         owners = {o.get("kind") for o in pod["metadata"].get("ownerReferences") or []}
         if "ReplicaSet" in owners and not _ready_since(pod, since):

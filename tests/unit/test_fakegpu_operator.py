@@ -165,3 +165,20 @@ def test_the_install_manifests_are_what_the_chart_installs() -> None:
                      ("ClusterPolicy", "cluster-policy")]
     deployment = next(d for d in operator.manifest_documents() if d["kind"] == "Deployment")
     assert deployment["spec"]["template"]["spec"]["containers"][0]["image"] == "nvcr.io/nvidia/gpu-operator:v25.3.0"
+
+
+def test_a_daemonset_is_expected_on_the_nodes_its_selector_matches_and_whose_taints_it_tolerates() -> None:
+    """stack_ready counts an operand's pods against the nodes themselves: right after a MIG change brings
+    paused operands back by their labels, the DaemonSet's status still counts the nodes before."""
+    ds = operator.desired_daemonsets(policy())["nvidia-device-plugin-daemonset"]
+    selected = {"nvidia.com/gpu.deploy.device-plugin": "true"}
+
+    def node(labels: dict, taints: list | None = None) -> dict:
+        return {"metadata": {"name": "gpu-node-1", "labels": labels}, "spec": {"taints": taints or []}}
+
+    assert operator.runs_on(ds, node(selected))
+    assert not operator.runs_on(ds, node({"nvidia.com/gpu.deploy.device-plugin": "paused-for-mig-change"}))
+    assert operator.runs_on(ds, node(selected, [{"key": "nvidia.com/gpu", "value": "true", "effect": "NoSchedule"}]))
+    assert operator.runs_on(ds, node(selected, [{"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"}]))
+    assert operator.runs_on(ds, node(selected, [{"key": "team", "value": "a", "effect": "PreferNoSchedule"}]))
+    assert not operator.runs_on(ds, node(selected, [{"key": "team", "value": "a", "effect": "NoSchedule"}]))
