@@ -159,6 +159,8 @@ def test_lab09_setup_grants_the_monitoring_namespace_breaks_one_link_and_reports
     monkeypatch.setattr(broken_pipeline, "ensure_installed", lambda env: told.append("installed"))
     monkeypatch.setattr(broken_pipeline.addons, "reconfigure",
                         lambda kubeconfig, name, configmaps, say: told.append((name, list(configmaps))))
+    waited = []
+    monkeypatch.setattr(broken_pipeline, "wait_targets", lambda client, in_effect, what: waited.append(in_effect))
     installed = broken_pipeline.installed_configs()
     client = FakeClient([{"kind": "ConfigMap", "metadata": {"name": n, "namespace": "monitoring"}, "data": dict(d)}
                          for n, d in installed.items()])
@@ -167,6 +169,8 @@ def test_lab09_setup_grants_the_monitoring_namespace_breaks_one_link_and_reports
     name = broken_pipeline.scenario("grade-09-amy", secret.load())
     fault = broken_pipeline.FAULTS[name]
     assert told == ["installed", ("monitoring", [f"monitoring/{fault.configmap}"])]
+    # A change of Prometheus's scrape config: the run starts once the targets show it (a reload relabels late).
+    assert waited == ([fault.in_effect] if fault.configmap == "prometheus-config" else [])
     live = client.get("ConfigMap", fault.configmap, "monitoring")["data"][fault.key]
     assert live == fault.apply(installed[fault.configmap][fault.key])
     assert record["kind"] == "InjectedFault" and record["fault"] == name and record["link"] == fault.link
@@ -186,6 +190,7 @@ def test_lab09_setup_grants_the_monitoring_namespace_breaks_one_link_and_reports
     broken_pipeline.teardown(env)
     # Prometheus reloads (or the adapter restarts) even if the run put the text back without telling it.
     assert put_back == [("monitoring", [f"monitoring/{fault.configmap}"])]
+    assert waited[1:] == ([broken_pipeline.as_installed] if fault.configmap == "prometheus-config" else [])
     assert client.get("Role", "gpulab:grading:grade-09-amy", "monitoring") is None
     assert client.get("RoleBinding", "gpulab:grading:grade-09-amy", "monitoring") is None
 
@@ -272,3 +277,14 @@ def test_learner_notebooks_import_no_check_module():
 def test_fixtures_live_in_gpulab_home_not_the_checkout(home):
     key = fixtures.grading_key()
     assert (home / "grading" / "secret").is_file() and key == secret.load()
+
+
+def test_lab09_prometheus_faults_say_how_the_dcgm_targets_look_once_in_effect():
+    installed = [{"labels": {"instance": "10.244.2.5:9400", "job": "dcgm-exporter", "node": "gpu-node-1"}}]
+    relabelled = [{"labels": {**installed[0]["labels"], "namespace": "gpu-operator", "pod": "nvidia-dcgm-exporter-x"}}]
+    faults = broken_pipeline.FAULTS
+    assert broken_pipeline.as_installed(installed) and not broken_pipeline.as_installed(relabelled)
+    assert not broken_pipeline.as_installed([])
+    assert faults["exported-pod"].in_effect(relabelled) and not faults["exported-pod"].in_effect(installed)
+    assert faults["keep-regex"].in_effect([]) and not faults["keep-regex"].in_effect(installed)
+    assert all(f.in_effect is None for f in faults.values() if f.configmap != "prometheus-config")
