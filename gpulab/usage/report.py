@@ -15,7 +15,7 @@ add up:
   is its compute slices over its GPU's (a 1g on an H100 1/7, on an A30 1/4), from the node's GPU model;
 - **GPU-hours computing** (``COMPUTING_H``): each device's utilisation over time (``DCGM_FI_DEV_GPU_UTIL``
   / 100 of a whole GPU, ``DCGM_FI_PROF_GR_ENGINE_ACTIVE`` of a MIG instance times its share), counted for
-  the namespace of the pod DCGM names on the device;
+  the namespace of the pod DCGM names on the device while that pod is Running;
 - **idle allocated GPU-hours** and **idle now** (``IDLE_H``, ``IDLE_NOW``): the time a device a pod holds
   computes nothing at all;
 - **quota**: ``used/hard`` of ``requests.nvidia.com/gpu`` (and ``limits.``) from ``kube_resourcequota``.
@@ -73,8 +73,13 @@ UNIT_SHARE = (f"count by (node) (group by (node, UUID) (DCGM_FI_DEV_GPU_TEMP)) /
 #: GPUs each running pod holds: whole-GPU units weighted by UNIT_SHARE, MIG instances counted (weighted later).
 HELD = (f"({WHOLE_GPU_REQUESTS} * on (node) group_left () ({UNIT_SHARE}) or {MIG_REQUESTS})"
         f" * on (namespace, pod) group_left () ({RUNNING_PODS})")
-#: How busy each device is, 0 to 1: a whole GPU's utilisation, a MIG instance's graphics engine activity.
-DEVICE_BUSY = 'DCGM_FI_DEV_GPU_UTIL / 100 or DCGM_FI_PROF_GR_ENGINE_ACTIVE{GPU_I_PROFILE!=""}'
+#: How busy each device is, 0 to 1: a whole GPU's utilisation, a MIG instance's graphics engine activity. A
+#: device DCGM names a pod on counts while that pod is Running, as in HELD (DCGM names it from the moment its
+#: devices are allocated, kube-state-metrics says Running a scrape later), so that computing hours never exceed
+#: allocated ones; a device naming no pod (shared by time-slicing or MPS) counts for its node as it is.
+DEVICE_BUSY = ('((DCGM_FI_DEV_GPU_UTIL{pod!=""} / 100 or DCGM_FI_PROF_GR_ENGINE_ACTIVE{pod!="",GPU_I_PROFILE!=""})'
+               f' * on (namespace, pod) group_left () ({RUNNING_PODS}))'
+               ' or DCGM_FI_DEV_GPU_UTIL{pod=""} / 100 or DCGM_FI_PROF_GR_ENGINE_ACTIVE{pod="",GPU_I_PROFILE!=""}')
 #: 1 for each device a Running pod holds (DCGM names the pod) while it computes nothing, else 0. Running, as in
 #: HELD: DCGM names a pod from the moment its devices are allocated, before it runs, and a card is idle only while
 #: it is allocated, so that idle hours never exceed allocated ones.

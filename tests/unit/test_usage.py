@@ -67,7 +67,10 @@ def test_every_query_is_promql_with_its_window_and_step_filled_in():
     assert "kube_pod_container_resource_requests" in queries["allocated_h"]
     assert 'kube_pod_status_phase{phase="Running"}' in queries["allocated_h"]
     assert queries["computing_h"].startswith("sum by (namespace, node, modelName, GPU_I_PROFILE) (sum_over_time(("
-                                             "DCGM_FI_DEV_GPU_UTIL / 100")
+                                             "((DCGM_FI_DEV_GPU_UTIL{pod!=\"\"} / 100")
+    # A device a pod holds computes for it while it is Running (as allocated counts it); a shared one as it is.
+    assert 'group_left () (max by (namespace, pod) (kube_pod_status_phase{phase="Running"}) == 1))' \
+        in queries["computing_h"] and 'or DCGM_FI_DEV_GPU_UTIL{pod=""} / 100' in queries["computing_h"]
     assert queries["utilization"] == report.UTILIZATION  # range queries have no window of their own
     # Longer windows, longer steps: at most MAX_STEPS points a series.
     assert [report.step_for(w) for w in (60, 900, 3600, 7200, 86400)] == [5, 5, 5, 10, 120]
