@@ -203,13 +203,22 @@ class Jail:
         upstream = None
         source = env.get("KUBECONFIG")
         if source:
-            target = run_dir / "kubeconfig"
-            shutil.copyfile(source, target)
-            target.chmod(0o600)
-            self.own(target)
+            target = self.place_kubeconfig(run_dir, source)
             env["KUBECONFIG"] = str(target)
             upstream = self.upstream(target)
         return env, upstream
+
+    def place_kubeconfig(self, run_dir: Path, source: str | Path | None = None) -> Path:
+        """The run's kubeconfig inside the jail (``run_dir/kubeconfig``, 0600, the jail user's): a copy of
+        ``source``, or empty until the identity it runs as is known (a standby's, see Runner.warm)."""
+        target = run_dir / "kubeconfig"
+        if source is None:
+            target.write_bytes(b"")
+        else:
+            shutil.copyfile(source, target)
+        target.chmod(0o600)
+        self.own(target)
+        return target
 
     @staticmethod
     def upstream(kubeconfig: Path) -> tuple[str, int] | None:

@@ -419,13 +419,8 @@ class Runner:
             if kernel_cwd is None or not any(kernel_cwd == k or k in kernel_cwd.parents for k in jail.kept()):
                 kernel_cwd = run_dir
             kernel_env, _ = jail.kernel_env(self.child_env(dict(shape.env), run_dir / ".runtime"), run_dir)
-            if shape.identity:
-                # Whose identity it runs as is known once its submission is there: go() writes the file.
-                target = run_dir / "kubeconfig"
-                target.write_bytes(b"")
-                target.chmod(0o600)
-                jail.own(target)
-                kernel_env["KUBECONFIG"] = str(target)
+            if shape.identity:  # whose identity it runs as is known once its submission is there
+                kernel_env["KUBECONFIG"] = str(jail.place_kubeconfig(run_dir))
             child_spec = {"kernel_name": self.kernel_name, "start_timeout": self.start_timeout,
                           "cwd": str(kernel_cwd), "preload": list(self.preload), "go_path": str(standby.go_path)}
             child_spec_path = run_dir / ".spec.json"
@@ -499,10 +494,7 @@ class Runner:
             shutil.copyfile(notebook, run_input)
             jail.own(run_input)
             if env and env.get("KUBECONFIG"):
-                target = run_dir / "kubeconfig"
-                shutil.copyfile(env["KUBECONFIG"], target)
-                target.chmod(0o600)
-                jail.own(target)
+                jail.place_kubeconfig(run_dir, env["KUBECONFIG"])
             run_output, run_results = run_dir / "executed.ipynb", run_dir / "results.json"
             child_result = run_dir / ".result.json"
             params = dict(params)
