@@ -67,7 +67,7 @@ def deployment(name: str, replicas: int) -> dict:
             "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": name}},
                      "template": {"metadata": {"labels": {"app": name}},
                                   "spec": {"terminationGracePeriodSeconds": 0,
-                                           "containers": [{"name": "train", "image": "busybox:1.36",
+                                           "containers": [{"name": "train", "image": "nvcr.io/nvidia/pytorch:24.05-py3",
                                                            "resources": {"limits": {GPU: "1"}}}]}}}}
 
 

@@ -25,7 +25,7 @@ from pathlib import Path
 from ..fakegpu import llmserver, operands, operator
 from ..fakegpu.stack import GpuStack
 from . import clusterdns
-from ..kube import api
+from ..kube import api, events
 from ..kube.informer import SharedInformers
 from ..kube.statedir import StateDir
 from ..runtime import sandbox
@@ -128,6 +128,8 @@ def main(argv: list[str] | None = None) -> int:
     metrics = ResourceMetricsServer(ResourceMetrics(agent).page, args.cluster_dir / "pki", SERVING_CERT, port)
     metrics.start()
     logging.getLogger("gpulab.runtime").info("serving resource metrics on https://127.0.0.1:%d", metrics.port)
+    # Every pod it starts records several Events: a pod's sync does not wait for them to be written.
+    events.RECORDER.send_in_background()
     gpus.start()
     try:
         agent.run(ready_file=args.cluster_dir / "node-agent.ready")
@@ -135,6 +137,7 @@ def main(argv: list[str] | None = None) -> int:
         metrics.stop()
         gpus.stop()
         informers.stop()
+        events.RECORDER.stop_sending()
         if relay is not None:
             relay.stop()
     return 0

@@ -129,11 +129,15 @@ class NodeStatusWriter(threading.Thread):
         self.latest = dict(counts)
         self.wake.set()
 
+    def stop(self) -> None:
+        self.halt.set()
+        self.wake.set()
+
     def run(self) -> None:
-        while not self.halt.is_set():
-            self.wake.wait(1.0)
-            if self.halt.is_set() or not self.wake.is_set():
-                continue
+        while True:
+            self.wake.wait()  # submit() or stop()
+            if self.halt.is_set():
+                return
             self.wake.clear()
             counts = self.latest or {}
             patch = {"status": {"capacity": {r: str(c) for r, (c, _) in counts.items()},
@@ -192,7 +196,7 @@ class GpuNode:
         # Wakes the pod (by UID) whose container a kill in _pending awaits (DeviceHooks.wake_with).
         self.wake_pod: Callable[[str], None] = lambda uid: None
         self._status = NodeStatusWriter(stack.client, spec.name)
-        self.manager = DeviceManager(self.plugin_dir, on_change=self._status.submit)
+        self.manager = DeviceManager(self.plugin_dir, on_change=self._devices_changed)
 
     # -- lifecycle ------------------------------------------------------------
 
@@ -206,8 +210,14 @@ class GpuNode:
         self.refresh()
 
     def stop(self) -> None:
-        self._status.halt.set()
+        self._status.stop()
         self.manager.stop()
+
+    def _devices_changed(self, counts: dict[str, tuple[int, int]]) -> None:
+        """The device manager's resources changed (a plugin registered, its devices or their health changed): the
+        Node's status says so, and the node's components (the device plugin waiting for its registration) look."""
+        self._status.submit(counts)
+        self.stack.notify(self.name, everyone=False)
 
     def _install_host_files(self) -> None:
         # The driver's device nodes, as plain files: containers get them bound

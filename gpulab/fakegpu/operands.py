@@ -50,7 +50,7 @@ from ..runtime import programs
 from ..runtime.network import NetworkError
 from . import cudaerrors, nvidiasmi
 from .components import COMPONENTS
-from .components.host import ApiHost, Gpus, HostError, Klog, MetricsView, Settings
+from .components.host import RESYNC_S, ApiHost, Gpus, HostError, Klog, MetricsView, Settings
 from .devicemap import NodeResources
 from .deviceplugin import DEVICE_PLUGIN_PATH
 from .deviceplugin.plugin import PluginConfig
@@ -180,6 +180,9 @@ class EmbeddedHost(ApiHost):
     def stopping(self) -> bool:
         return self._stop.is_set()
 
+    def changed(self) -> None:
+        self.stack.notify(self.node, everyone=False)
+
     # -- the API
 
     @property
@@ -231,7 +234,9 @@ class EmbeddedHost(ApiHost):
         pass_specs = self.ctx.env.get("PASS_DEVICE_SPECS", "true").lower() == "true"
         return PluginConfig(plugin_dir=plugin_dir, nvidia_smi=self.gpu_node.nvidia_smi,
                             state_dir=plugin_dir / "gpulab-nvidia-smi", dev_root=self.gpu_node.dev_root,
-                            pass_device_specs=pass_specs, poll_interval=POLL)
+                            pass_device_specs=pass_specs, poll_interval=POLL,
+                            # The kubelet's device manager lives and dies with this process: nothing to watch for.
+                            settled_interval=RESYNC_S)
 
     def advertised(self, resources: NodeResources) -> None:
         assert self.gpu_node is not None

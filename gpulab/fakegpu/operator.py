@@ -51,6 +51,11 @@ MANAGER = OPERATOR_COMPONENT
 STATE_READY = "ready"
 STATE_NOT_READY = "notReady"
 STATE_IGNORED = "ignored"
+#: How soon the operator reconciles again while an operand is not ready (the GPU Operator's requeue); a change of
+#: a ClusterPolicy, a node's labels, the hardware or one of its DaemonSets wakes it sooner.
+NOT_READY_REQUEUE_S = 5.0
+#: How often it reconciles with everything ready and nothing changed.
+RESYNC_S = 30.0
 
 
 def manifests_dir() -> Path:
@@ -358,6 +363,18 @@ class Operator:
         self.namespace = namespace
         self.log = log
         self._said: dict[str, str] = {}
+        # Its DaemonSets as the shared watch has them (controller-runtime's cache of owned objects).
+        self.daemonsets = stack.informers.informer("DaemonSet", namespace)
+
+    def watch(self, wake: threading.Event) -> Callable[[], None]:
+        """Set ``wake`` whenever one of its DaemonSets changes (their status: operand pods ready); returns what
+        undoes it."""
+        handler = self.daemonsets.add_handler(on_add=lambda obj: wake.set(), on_update=lambda old, new: wake.set(),
+                                              on_delete=lambda obj: wake.set())
+        self.daemonsets.start()
+        self.stack.policies.wait_synced(10)
+        self.daemonsets.wait_synced(10)
+        return lambda: self.daemonsets.remove_handler(handler)
 
     def _say(self, key: str, msg: str, level: str = "info") -> None:
         # Log a line when what it says changed, as controller-runtime logs transitions.
@@ -365,12 +382,13 @@ class Operator:
             self._said[key] = msg
             self.log(level, msg)
 
-    def reconcile(self) -> None:
-        policies = sorted(self.client.list("ClusterPolicy"),
+    def reconcile(self) -> bool:
+        """One pass over the ClusterPolicies (from the stack's shared watch); True when the active one is ready."""
+        policies = sorted(self.stack.policies.list(),
                           key=lambda p: (p["metadata"].get("creationTimestamp", ""), p["metadata"]["name"]))
         if not policies:
             self._say("policy", "no ClusterPolicy: nothing to deploy")
-            return
+            return True
         active, others = policies[0], policies[1:]
         for extra in others:
             self._status(extra, STATE_IGNORED, "another ClusterPolicy is already in use: "
@@ -381,7 +399,7 @@ class Operator:
         self._service_accounts(active)
         not_ready = []
         for name, want in desired_daemonsets(active, self.namespace).items():
-            have = self.client.get("DaemonSet", name, self.namespace)
+            have = self.daemonsets.get(f"{self.namespace}/{name}")
             if want is None:
                 if have is not None:
                     self.client.delete("DaemonSet", name, self.namespace, propagation="Background")
@@ -399,6 +417,7 @@ class Operator:
         else:
             self._status(active, STATE_READY, "ClusterPolicy is ready as all resources have been successfully "
                                               "reconciled")
+        return not not_ready
 
     def _label_nodes(self, spec: dict[str, Any]) -> None:
         default_mig = str(_section(spec, "migManager", "config").get("default") or "all-disabled")
@@ -461,14 +480,21 @@ def _operator_program(stack: GpuStack, stop: threading.Event, ctx: programs.Prog
     log("info", "starting manager")
     op = Operator(stack, ctx.pod["metadata"]["namespace"], log)
     sub = stack.subscribe()
+    if isinstance(stop, programs.StopEvent):
+        stop.also_wake(sub.event)
+    unwatch = op.watch(sub.event)
     try:
         while not stop.is_set():
+            wait = NOT_READY_REQUEUE_S
             try:
-                op.reconcile()
+                if op.reconcile():
+                    wait = RESYNC_S
             except (api.ApiError, api.NotFound, api.Conflict) as e:
                 op._say("error", f"Reconciler error: {e}", "error")
-            sub.wait(1.0)
+                wait = 1.0
+            sub.wait(wait if isinstance(stop, programs.StopEvent) else min(wait, 1.0))
     finally:
+        unwatch()
         stack.unsubscribe(sub)
     return 0
 

@@ -78,6 +78,8 @@ class GpuStack:
         self.nodes_informer = self.informers.informer("Node")
         # ClusterPolicies: the operator's programs reconcile when one changes.
         self.policies = self.informers.informer("ClusterPolicy")
+        # Pods: whose GPU utilisation is fixed by annotation (_apply_loads).
+        self.pods = self.informers.informer("Pod")
         self.nodes_informer.add_handler(on_add=lambda obj: self._node_changed(None, obj),
                                         on_update=self._node_changed,
                                         on_delete=lambda obj: self._node_changed(obj, None))
@@ -95,7 +97,7 @@ class GpuStack:
     def start(self) -> None:
         for node in self.gpu_nodes.values():
             node.start()
-        for informer in (self.nodes_informer, self.policies):
+        for informer in (self.nodes_informer, self.policies, self.pods):
             informer.start()
         for name, target in (("gpu-faults", self._watch_faults), ("gpu-load", self._apply_loads)):
             threading.Thread(target=target, args=(self.stop_event,), daemon=True, name=name).start()
@@ -124,13 +126,8 @@ class GpuStack:
             busy = [n for n in self.gpu_nodes.values() if n.has_programs()]
             if not busy:
                 continue
-            try:
-                pods = self.client.list("Pod")
-            except (api.ApiError, api.NotFound, OSError) as e:
-                log.warning("cannot list pods for GPU load: %s", e)
-                continue
             by_node: dict[str, dict[str, dict[str, Any]]] = {}
-            for pod in pods:
+            for pod in self.pods.list():
                 by_node.setdefault((pod.get("spec") or {}).get("nodeName", ""), {})[pod["metadata"]["uid"]] = pod
             for node in busy:
                 try:

@@ -35,11 +35,20 @@ or controller does; the old one stays until it expires.
 Events are best effort: recording never raises, and a write the apiserver
 refuses (namespace terminating, apiserver unreachable) is dropped, as
 client-go drops it after its retries.
+
+A process that records many (the node agent: several per pod it starts)
+hands them to sender threads (:meth:`EventRecorder.send_in_background`), as
+client-go's broadcaster hands them to its sink's goroutine: the caller does
+not wait for the apiserver, each occurrence keeps the time it happened, and
+when :data:`QUEUE_SIZE` are waiting, new ones are dropped (client-go's
+``maxQueuedEvents``). Elsewhere (the CLI, tests) an Event is written before
+:func:`record` returns.
 """
 
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 import time
 from collections import OrderedDict
@@ -56,6 +65,8 @@ AGGREGATE_INTERVAL_S = 600.0
 AGGREGATE_PREFIX = "(combined from similar events): "
 SPAM_BURST = 100
 SPAM_QPS = 1.0 / 10.0
+#: Occurrences waiting for a sender thread before new ones are dropped (client-go's maxQueuedEvents).
+QUEUE_SIZE = 1000
 _STRIPES = 64
 
 K = TypeVar("K", bound=Hashable)
@@ -306,17 +317,60 @@ class EventRecorder:
         # Occurrences that may share an Event object are written one at a time
         # (client-go writes all of them from one goroutine); others in parallel.
         self._stripes = [threading.Lock() for _ in range(_STRIPES)]
+        self._queue: queue.Queue[tuple[api.Client, dict[str, Any]] | None] | None = None
+        self._senders: list[threading.Thread] = []
+
+    def send_in_background(self, threads: int = 4) -> None:
+        """From now on :meth:`event` queues each occurrence for one of ``threads`` sender threads and returns None."""
+        if self._queue is not None:
+            return
+        self._queue = queue.Queue(QUEUE_SIZE)
+        self._senders = [threading.Thread(target=self._send, args=(self._queue,), daemon=True, name=f"events-{i}")
+                         for i in range(threads)]
+        for t in self._senders:
+            t.start()
+
+    def stop_sending(self, timeout: float = 5.0) -> None:
+        """Write what is queued (for up to ``timeout`` seconds), then write synchronously again."""
+        q, senders = self._queue, self._senders
+        if q is None:
+            return
+        self._queue, self._senders = None, []
+        for _ in senders:
+            q.put(None)
+        deadline = time.monotonic() + timeout
+        for t in senders:
+            t.join(max(0.0, deadline - time.monotonic()))
+
+    def _send(self, q: queue.Queue[tuple[api.Client, dict[str, Any]] | None]) -> None:
+        while (item := q.get()) is not None:
+            self._correlate_and_write(*item)
 
     def event(self, client: api.Client, involved: dict[str, Any], reason: str, message: str,
               type_: str = "Normal", component: str = "kubelet", host: str | None = None) -> dict[str, Any] | None:
-        """Record one occurrence; the Event as written, or None (rate limited, or the write failed). Never raises."""
+        """Record one occurrence; the Event as written, or None (queued for a sender thread, rate limited, or the
+        write failed). Never raises."""
         try:
             ev = make_event(involved, reason, message, type_, component, host, self.correlator.clock())
+        except Exception as e:  # best effort, as in the kubelet: never fail the caller
+            log.debug("cannot record event %s on %s: %s", reason, (involved.get("metadata") or {}).get("name"), e)
+            return None
+        q = self._queue
+        if q is None:
+            return self._correlate_and_write(client, ev)
+        try:
+            q.put_nowait((client, ev))
+        except queue.Full:
+            log.debug("event %s on %s dropped: %d waiting", reason, ev["involvedObject"].get("name"), QUEUE_SIZE)
+        return None
+
+    def _correlate_and_write(self, client: api.Client, ev: dict[str, Any]) -> dict[str, Any] | None:
+        try:
             group, _ = aggregate_key(ev)
             with self._stripes[hash(group) % _STRIPES]:
                 c = self.correlator.correlate(ev)
                 if c.skip:
-                    log.debug("event %s/%s on %s rate limited (counted: %d)", reason, type_,
+                    log.debug("event %s/%s on %s rate limited (counted: %d)", ev.get("reason"), ev.get("type"),
                               ev["involvedObject"]["name"], c.event["count"])
                     return None
                 written = self._write(client, c)
@@ -324,7 +378,7 @@ class EventRecorder:
                     self.correlator.update_state(c.key, written)
                 return written
         except Exception as e:  # best effort, as in the kubelet: never fail the caller
-            log.debug("cannot record event %s on %s: %s", reason, (involved.get("metadata") or {}).get("name"), e)
+            log.debug("cannot record event %s on %s: %s", ev.get("reason"), ev["involvedObject"].get("name"), e)
             return None
 
     @staticmethod

@@ -113,6 +113,11 @@ class Informer:
             self._handlers.append(handler)
         return handler
 
+    def remove_handler(self, handler: Handler) -> None:
+        """Tell ``handler`` nothing more (client-go's ``RemoveEventHandler``)."""
+        with self._dispatch_lock:
+            self._handlers = [h for h in self._handlers if h is not handler]
+
     def has_synced(self) -> bool:
         """Whether the first list has been cached and delivered."""
         return self.synced.is_set()

@@ -56,6 +56,8 @@ class LogRegistry:
 
     def __init__(self, client: api.Client):
         self.client = client
+        # What was last published for each pod (by name): a pod's containers starting republish the same.
+        self._published: dict[str, list[dict[str, Any]]] = {}
 
     @staticmethod
     def name(worker: PodWorker) -> str:
@@ -95,19 +97,25 @@ class LogRegistry:
                                                       str(worker.agent.cluster_dir), str(worker.net.sandbox_pid),
                                                       str(port)]} for port in ports]
         meta = {"name": self.name(worker), "labels": {"gpulab.io/pod-uid": worker.key[2]}}
+        objects = [{"apiVersion": "kwok.x-k8s.io/v1alpha1", "kind": "ClusterLogs", "metadata": meta,
+                    "spec": {"selector": selector, "logs": logs}},
+                   {"apiVersion": "kwok.x-k8s.io/v1alpha1", "kind": "ClusterExec", "metadata": meta,
+                    "spec": {"selector": selector, "execs": execs}}]
+        if forwards:
+            objects.append({"apiVersion": "kwok.x-k8s.io/v1alpha1", "kind": "ClusterPortForward", "metadata": meta,
+                            "spec": {"selector": selector, "forwards": forwards}})
+        published = self._published.get(meta["name"]) or []
         try:
-            self.client.apply({"apiVersion": "kwok.x-k8s.io/v1alpha1", "kind": "ClusterLogs", "metadata": meta,
-                               "spec": {"selector": selector, "logs": logs}}, manager="gpulab-node-agent")
-            self.client.apply({"apiVersion": "kwok.x-k8s.io/v1alpha1", "kind": "ClusterExec", "metadata": meta,
-                               "spec": {"selector": selector, "execs": execs}}, manager="gpulab-node-agent")
-            if forwards:
-                self.client.apply({"apiVersion": "kwok.x-k8s.io/v1alpha1", "kind": "ClusterPortForward",
-                                   "metadata": meta, "spec": {"selector": selector, "forwards": forwards}},
-                                  manager="gpulab-node-agent")
+            for obj in objects:
+                if obj not in published:
+                    self.client.apply(obj, manager="gpulab-node-agent")
+            self._published[meta["name"]] = objects
         except (api.ApiError, api.NotFound) as e:
+            self._published.pop(meta["name"], None)
             log.warning("cannot publish logs/exec for %s/%s: %s", ns, name, e)
 
     def unregister(self, worker: PodWorker) -> None:
+        self._published.pop(self.name(worker), None)
         for kind in KINDS:
             self.client.delete(kind, self.name(worker))
 
@@ -145,7 +153,7 @@ class NodeAgent:
         self.image_manager = image_manager or ImageManager(self.nodes_dir, lambda node: DEFAULT_PULL_RATE)
         self.logs = LogRegistry(self.client)
         self.volumes = VolumeBuilder(self.client, self.nodes_dir)
-        self.provisioner = Provisioner(self.client, self.nodes_dir)
+        self.provisioner = Provisioner(self.client, self.nodes_dir, self.informers)
         self.nodes: set[str] = set()
         self.workers: dict[str, PodWorker] = {}
         # The pod informer's thread adds and removes workers; the main thread reaps the ended ones.
@@ -250,6 +258,7 @@ class NodeAgent:
         log.info("node agent running for %d nodes", len(self.nodes))
         while not self.stop.wait(REAP_EVERY):
             self._reap()
+        self.provisioner.wake.set()
         if self._own_informers:
             self.informers.stop()
         self.image_manager.stop.set()

@@ -7,6 +7,10 @@ kube-scheduler picks the node first (annotating the claim with
 a ``local`` source on that node and node affinity to it, and the real PV
 controller binds claim and volume. Released volumes of class reclaim policy
 ``Delete`` are removed with their data.
+
+It follows StorageClasses, claims and volumes through the process's shared
+informers and looks when one of them changes (and every :data:`RESYNC_S`),
+as a provisioner's controller does: an idle cluster costs it no request.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from typing import Any
 
 from ..kube import api
 from ..kube import events
+from ..kube.informer import SharedInformers
 from .volumes import node_host_path
 from ..kube.names import PROVISIONER
 
@@ -26,30 +31,48 @@ log = logging.getLogger("gpulab.runtime")
 
 SELECTED_NODE = "volume.kubernetes.io/selected-node"
 VOLUME_ROOT = "/var/lib/gpulab/volumes"
+#: How often it looks with nothing changed (a pass that failed is retried by then).
+RESYNC_S = 30.0
+#: How soon a failed pass is tried again.
+RETRY_S = 1.0
+KINDS = ("StorageClass", "PersistentVolumeClaim", "PersistentVolume")
 
 
 class Provisioner:
-    def __init__(self, client: api.Client, nodes_dir: Path):
+    def __init__(self, client: api.Client, nodes_dir: Path, informers: SharedInformers):
         self.client = client
         self.nodes_dir = nodes_dir
+        self.informers = {kind: informers.informer(kind) for kind in KINDS}
+        self.wake = threading.Event()
 
-    def run(self, stop: threading.Event, period: float = 0.5) -> None:
+    def run(self, stop: threading.Event) -> None:
+        for informer in self.informers.values():
+            informer.add_handler(on_add=lambda obj: self.wake.set(), on_update=lambda old, new: self.wake.set(),
+                                 on_delete=lambda obj: self.wake.set())
+            informer.start()
+        for informer in self.informers.values():
+            informer.wait_synced(30)
         while not stop.is_set():
+            self.wake.clear()
+            wait = RESYNC_S
             try:
                 self.sync()
             except Exception as e:
                 log.warning("provisioner pass failed: %s", e)
-            stop.wait(period)
+                wait = RETRY_S
+            self.wake.wait(wait)
+            if stop.is_set():
+                return
 
     def _classes(self) -> dict[str, dict[str, Any]]:
-        return {sc["metadata"]["name"]: sc for sc in self.client.list("StorageClass")
+        return {sc["metadata"]["name"]: sc for sc in self.informers["StorageClass"].list()
                 if sc.get("provisioner") == PROVISIONER}
 
     def sync(self) -> None:
         classes = self._classes()
         if not classes:
             return
-        for claim in self.client.list("PersistentVolumeClaim"):
+        for claim in self.informers["PersistentVolumeClaim"].list():
             spec = claim.get("spec") or {}
             ann = claim["metadata"].get("annotations") or {}
             if spec.get("volumeName") or spec.get("storageClassName") not in classes:
@@ -57,7 +80,7 @@ class Provisioner:
             node = ann.get(SELECTED_NODE)
             if node:
                 self._provision(claim, classes[spec["storageClassName"]], node)
-        for pv in self.client.list("PersistentVolume"):
+        for pv in self.informers["PersistentVolume"].list():
             ann = pv["metadata"].get("annotations") or {}
             if (ann.get("pv.kubernetes.io/provisioned-by") == PROVISIONER
                     and pv.get("status", {}).get("phase") == "Released"

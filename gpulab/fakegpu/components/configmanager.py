@@ -24,9 +24,10 @@ from pathlib import Path
 
 from ...kube import api
 from ..pluginconfig import ConfigError, parse_config, select_config
-from .host import Host, node_labels
+from .host import RESYNC_S, Host, node_labels
 
 SOURCE = "main.go:208"
+#: How soon it looks again after it could not read the node, the ConfigMap or the ClusterPolicy.
 POLL = 0.5
 COMPONENT = "config-manager"
 
@@ -51,6 +52,7 @@ class ConfigManagerMain:
         current = self._written() if not self.oneshot else None
         last: object = object()
         while True:
+            wait = RESYNC_S  # the label and the ClusterPolicy wake it when they change
             try:
                 value = node_labels(self.host).get(self.label)
                 source = self.host.config_source()
@@ -65,7 +67,8 @@ class ConfigManagerMain:
                         return 0
             except (api.ApiError, api.NotFound, api.Conflict, OSError) as e:
                 self.out.warning(f"cannot read the node, the ConfigMap or the ClusterPolicy: {e}; retrying")
-            if self.host.wait(POLL):
+                wait = POLL
+            if self.host.wait(wait):
                 return 0
 
     def _written(self) -> Written | None:
@@ -118,6 +121,7 @@ class ConfigManagerMain:
         tmp.write_text(text)
         os.replace(tmp, self.dst)
         self._name_file.write_text(selection.name)
+        self.host.changed()  # the device plugin and GFD read the file
         self.out.info(f"Successfully updated to config: {selection.name} ({selection.reason})")
         if not self.oneshot:
             self.host.event("DevicePluginConfigApplied",

@@ -24,9 +24,10 @@ from ..deviceplugin import DEVICE_PLUGIN_PATH
 from ..deviceplugin.plugin import DevicePlugin, socket_name
 from ..faults import NodeFaults
 from ..pluginconfig import DEFAULT_CONFIG, ConfigError, DevicePluginConfig, parse_config
-from .host import Host, HostError
+from .host import RESYNC_S, Host, HostError
 
 SOURCE = "main.go:356"
+#: How soon it looks again while the kubelet has not confirmed a registration.
 POLL = 0.5
 
 
@@ -151,12 +152,16 @@ class DevicePluginMain:
                     return rc
             elif self.plugin is not None and faults.unhealthy_gpus != self.unhealthy:
                 self._update_health(faults.unhealthy_gpus)
+            registering = False
             if self.plugin is not None:
                 for r in self.resources or ():
                     if r.name not in self.announced and self.plugin.is_registered(r.name):
                         self.announced.add(r.name)
                         self.out.info(f"Registered device plugin for '{r.name}' with Kubelet")
-            if host.wait(POLL):
+                    registering |= r.name not in self.announced
+            # Its config file, the MIG geometry and faults wake it; while the kubelet has not confirmed every
+            # resource's registration yet it looks again soon.
+            if host.wait(POLL if registering else RESYNC_S):
                 return 0
 
     def _stop_plugin(self) -> None:

@@ -20,9 +20,10 @@ from .. import gfd
 from ..devicemap import DevicePluginError
 from ..pluginconfig import DEFAULT_CONFIG, ConfigError, DevicePluginConfig
 from .deviceplugin import config_document, load_plugin_config
-from .host import Host, node_labels
+from .host import RESYNC_S, Host, node_labels
 
 SOURCE = "main.go:152"
+#: How soon it looks again after it could not write the labels.
 POLL = 1.0
 
 
@@ -44,6 +45,7 @@ class GfdMain:
         config = DEFAULT_CONFIG
         last_write = 0.0
         while True:
+            retry = False
             if host.faults().driver_unreachable:
                 out.error("Failed to initialize NVML: Driver Not Loaded")
                 return 1
@@ -64,7 +66,10 @@ class GfdMain:
                 return 1
             except (api.ApiError, api.NotFound, api.Conflict, OSError) as e:
                 out.warning(f"error writing labels: {e}; retrying")
-            if host.wait(POLL):
+                retry = True
+            # The config, the MIG geometry, faults and the Node wake it; the timestamp label is due every interval.
+            due = host.settings.gfd_interval - (time.monotonic() - last_write)
+            if host.wait(POLL if retry else max(POLL, min(RESYNC_S, due))):
                 return 0
 
     def _label(self, config: DevicePluginConfig, force: bool) -> bool:

@@ -50,6 +50,13 @@ __all__ = [
 ]
 
 
+#: How long a component sleeps when nothing changed before it looks again on its own. The embedded host wakes it
+#: on every change it reads (the Node, the ClusterPolicy, the hardware, faults, a neighbour's file: see
+#: :meth:`Host.changed`), so this is only a safety net; the kind host polls within it (``--poll-interval``).
+#: A fleet's thousands of components then cost nothing between changes.
+RESYNC_S = 30.0
+
+
 class HostError(RuntimeError):
     """The host cannot give a component what it needs; the message says what is missing."""
 
@@ -153,6 +160,10 @@ class Host(Protocol):
 
     def stopping(self) -> bool:
         """True once the component is asked to stop."""
+
+    def changed(self) -> None:
+        """This component changed something its node's other components read (a file on a shared volume, as the
+        config manager writes the device plugin's config): wake them, as their file watches would be."""
 
     # -- the Kubernetes API --------------------------------------------------
 
@@ -294,3 +305,6 @@ class ApiHost:
 
     def pods_holding_gpus(self) -> list[str]:
         return pods_holding_gpus(self.client, self.node)
+
+    def changed(self) -> None:
+        """Nothing to do where components poll (kind's): they see the change at their next look."""

@@ -16,7 +16,7 @@ from typing import Any
 from ... import _poll
 from ...kube import api
 from .. import mig
-from .host import Host, node_labels
+from .host import RESYNC_S, Host, node_labels
 
 SOURCE = "main.go:287"
 POLL = 0.5
@@ -50,7 +50,8 @@ class MigManagerMain:
                 last = labels.get(mig.MIG_CONFIG_LABEL)
                 self.out.info(f"Updating to MIG config: {last}")
                 self._reconfigure(labels)
-            if host.wait(POLL):
+            # A change of the label wakes it; without the Node, it looks again soon.
+            if host.wait(RESYNC_S if labels else POLL):
                 return 0
 
     def _reconfigure(self, labels: dict[str, str]) -> None:

@@ -334,6 +334,9 @@ class PluginConfig:
     # (a container runtime refuses device specs that are not device nodes).
     pass_device_specs: bool = True
     poll_interval: float = 0.5
+    # How often it looks once every server is serving and registered (None: every poll_interval). Where the
+    # kubelet cannot restart without the plugin (both in one process, as on the embedded backend), a long one.
+    settled_interval: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("plugin_dir", "nvidia_smi", "state_dir", "dev_root"):
@@ -639,7 +642,8 @@ def _remove_stale(path: Path) -> None:
 class DevicePlugin:
     """All resources of one node: servers, registration, inventory watching.
 
-    A background thread, every ``config.poll_interval`` seconds, reloads the
+    A background thread, every ``config.poll_interval`` seconds (``config.settled_interval`` once every server
+    is serving and registered), reloads the
     inventory file when it changed, restarts servers whose socket the kubelet
     deleted, and (re-)registers servers with a kubelet socket that is new to
     them, which is how a kubelet restart is survived.
@@ -791,13 +795,18 @@ class DevicePlugin:
                 server.register(self.config.kubelet_socket)
 
     def _run(self) -> None:
-        while not self._stop.wait(self.config.poll_interval):
+        wait = self.config.poll_interval
+        while not self._stop.wait(wait):
+            wait = self.config.poll_interval
             try:
                 with self._lock:
                     self._poll_inventory()
                     for server in self._servers.values():
                         self._ensure_serving(server)
                     self._register_all()
+                    settled = all(s.serving and s.registered_with is not None for s in self._servers.values())
+                if settled and self.config.settled_interval is not None:
+                    wait = self.config.settled_interval
             except Exception:  # keep watching: one bad tick must not kill the plugin
                 log.exception("Device plugin watch loop failed; continuing")
 
