@@ -152,7 +152,7 @@ class NodeAgent:
         # Each node's images and pulls (the kubelet's image manager); without one, every node pulls at the default rate.
         self.image_manager = image_manager or ImageManager(self.nodes_dir, lambda node: DEFAULT_PULL_RATE)
         self.logs = LogRegistry(self.client)
-        self.volumes = VolumeBuilder(self.client, self.nodes_dir)
+        self.volumes = VolumeBuilder(self.client, self.nodes_dir, configmaps=self.informers.informer("ConfigMap"))
         self.provisioner = Provisioner(self.client, self.nodes_dir, self.informers)
         self.nodes: set[str] = set()
         self.workers: dict[str, PodWorker] = {}

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ..kube import api
+from ..kube.informer import Informer
 
 SUPPORTED = ("emptyDir", "hostPath", "configMap", "secret", "persistentVolumeClaim", "projected", "downwardAPI")
 
@@ -35,9 +36,17 @@ def node_host_path(nodes_dir: Path, node: str, path: str) -> Path:
 
 
 class VolumeBuilder:
-    def __init__(self, client: api.Client, nodes_dir: Path):
+    """Sets up a pod's volumes on its node. ConfigMaps come from ``configmaps`` (the node agent's shared watch,
+    as the kubelet reads them from its watch-based cache) when it has them, else from the API."""
+
+    def __init__(self, client: api.Client, nodes_dir: Path, configmaps: Informer | None = None):
         self.client = client
         self.nodes_dir = nodes_dir
+        self.configmaps = configmaps
+
+    def _get_configmap(self, name: str, namespace: str) -> dict[str, Any] | None:
+        cached = self.configmaps.get(f"{namespace}/{name}") if self.configmaps is not None else None
+        return cached if cached is not None else self.client.get("ConfigMap", name, namespace)
 
     def prepare(self, pod: dict[str, Any], pod_dir: Path) -> dict[str, Path]:
         """Set up every volume of ``pod``; returns volume name -> host path."""
@@ -105,7 +114,7 @@ class VolumeBuilder:
 
     def _configMap(self, pod, pod_dir, name, src, in_place: bool = False) -> Path:
         ns = pod["metadata"]["namespace"]
-        cm = self.client.get("ConfigMap", src.get("name", ""), ns)
+        cm = self._get_configmap(src.get("name", ""), ns)
         if cm is None:
             if src.get("optional"):
                 return self._files(pod_dir, "configmap", name, {}, src, in_place)
@@ -137,7 +146,7 @@ class VolumeBuilder:
                 data[sat.get("path", "token")] = self._token(pod, sat).encode()
             elif "configMap" in source:
                 s = source["configMap"]
-                cm = self.client.get("ConfigMap", s.get("name", ""), ns)
+                cm = self._get_configmap(s.get("name", ""), ns)
                 if cm is None and not s.get("optional"):
                     raise VolumeError(f'configmap "{s.get("name")}" not found')
                 items = (cm or {}).get("data") or {}

@@ -237,3 +237,19 @@ def test_corrupt_checkpoint_is_ignored(make_manager, plugin_config, caplog) -> N
     manager = make_manager()
     assert manager.pod_devices() == {} and manager.resource_counts() == {}
     assert "checkpoint is corrupted" in caplog.text
+
+
+def test_a_settled_plugin_looks_less_often(make_manager, make_plugin, plugin_config) -> None:
+    import dataclasses
+    import time
+
+    settled = dataclasses.replace(plugin_config, settled_interval=30.0)
+    first = make_manager()
+    make_plugin(inventory(gpus(2)), config=settled)
+    eventually(lambda: first.resource_counts() == {GPU: (2, 2)})
+    time.sleep(3 * plugin_config.poll_interval)  # registered: it is on its settled interval now
+    first.stop()
+    second = make_manager()
+    # A kubelet that restarts under it is not seen before the settled interval: it looks every 30 s.
+    time.sleep(10 * plugin_config.poll_interval)
+    assert second.resource_counts() == {GPU: (2, 0)}

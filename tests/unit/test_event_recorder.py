@@ -141,3 +141,57 @@ def test_concurrent_occurrences_are_all_counted():
     for t in threads:
         t.join()
     assert c.correlate(make()).event["count"] == 201
+
+
+class Recording:
+    """Takes every create, optionally holding each one until ``release`` is set."""
+
+    def __init__(self, hold: threading.Event | None = None):
+        self.created: list[dict] = []
+        self.hold = hold
+
+    def create(self, obj):
+        if self.hold is not None:
+            self.hold.wait(5)
+        self.created.append(obj)
+        return {**obj, "metadata": {**obj["metadata"], "resourceVersion": "1"}}
+
+    def patch(self, *a, **kw):
+        raise AssertionError("nothing is patched here")
+
+
+def test_in_the_background_the_caller_does_not_wait_and_each_event_keeps_its_time():
+    clock = Clock()
+    release = threading.Event()
+    client = Recording(release)
+    recorder = events.EventRecorder(events.EventCorrelator(clock))
+    recorder.send_in_background(threads=2)
+    try:
+        for reason in ("Pulled", "Created", "Started"):
+            assert recorder.event(client, POD, reason, f"{reason} container main") is None  # queued
+            clock.t += 1
+        assert client.created == []  # the sender is still held by the apiserver
+        release.set()
+    finally:
+        recorder.stop_sending(timeout=5)
+    by_reason = {ev["reason"]: ev["firstTimestamp"] for ev in client.created}
+    assert by_reason == {"Pulled": events.rfc3339(1_800_000_000.0), "Created": events.rfc3339(1_800_000_001.0),
+                         "Started": events.rfc3339(1_800_000_002.0)}
+    # Stopped: written before the call returns again.
+    assert recorder.event(client, POD, "Killing", "Stopping container main")["reason"] == "Killing"
+
+
+def test_a_full_queue_drops_new_occurrences(monkeypatch):
+    monkeypatch.setattr(events, "QUEUE_SIZE", 2)
+    release = threading.Event()
+    client = Recording(release)
+    recorder = events.EventRecorder(events.EventCorrelator(Clock()))
+    recorder.send_in_background(threads=1)
+    try:
+        for n in range(6):
+            recorder.event(client, POD, "Started", f"Started container c{n}")
+        release.set()
+    finally:
+        recorder.stop_sending(timeout=5)
+    # One taken by the sender (held), two queued, the rest dropped.
+    assert 2 <= len(client.created) <= 3

@@ -570,3 +570,26 @@ def test_config_manager_event_lists_every_error(tmp_path):
         assert path.replace("data.any", "time-slicing-config/broken") + ": " in message, path
     assert message.endswith("; keeping the last good config 'any'")
     assert not (tmp_path / "config.yaml").exists()
+
+
+def test_config_manager_wakes_its_neighbours_when_it_writes_the_config(tmp_path):
+    from types import SimpleNamespace
+
+    from gpulab.fakegpu.components import configmanager
+    from gpulab.fakegpu.components.host import Settings
+
+    woken: list[str] = []
+    host = SimpleNamespace(
+        node="gpu-node-1",
+        client=SimpleNamespace(get=lambda kind, name, ns: {"data": {"any": ts()}}),
+        event=lambda *args, **kw: None,
+        changed=lambda: woken.append("changed"),
+        log=SimpleNamespace(info=lambda m: None, warning=lambda m: None, error=lambda m: None),
+        settings=Settings(namespace="gpu-operator", config_dst=tmp_path / "config.yaml"),
+    )
+    cm = configmanager.ConfigManagerMain(host)  # type: ignore[arg-type]
+    assert cm._apply("any", ("time-slicing-config", None), None) == ("any", ts())
+    assert (tmp_path / "config.yaml").read_text() == ts() and woken == ["changed"]
+    # The same config again writes nothing and wakes no one.
+    assert cm._apply("any", ("time-slicing-config", None), ("any", ts())) == ("any", ts())
+    assert woken == ["changed"]

@@ -214,3 +214,15 @@ def test_cluster_scoped_objects_are_keyed_by_name_and_shared_informers_are_one_p
     nodes = shared.informer("Node")
     assert shared.informer("Node") is nodes
     assert shared.informer("Pod", "ns") is not shared.informer("Pod")
+
+
+def test_a_removed_handler_hears_nothing_more() -> None:
+    client = ScriptedClient([[pod("a", "1")]], [[event("ADDED", pod("b", "2"))]])
+    inf = informer_for(client)
+    kept, removed = Recorder(), Recorder()
+    inf.add_handler(**kept.handlers())
+    handler = inf.add_handler(**removed.handlers())
+    inf.remove_handler(handler)
+    run(inf)
+    assert kept.seen == [("add", "ns/a"), ("add", "ns/b")]
+    assert removed.seen == []

@@ -127,3 +127,34 @@ def test_the_device_side_wakes_the_worker_of_a_pod_it_ended_a_container_of(monke
     devices.wake("uid-a")
     devices.wake("uid-gone")  # a pod that ended meanwhile: nothing to wake
     assert agent.workers["uid-a"].calls == ["start", "wake"]  # type: ignore[attr-defined]
+
+
+def test_a_pods_logs_and_exec_are_published_again_only_when_they_change(tmp_path) -> None:
+    applied: list[str] = []
+    client = SimpleNamespace(apply=lambda obj, manager: applied.append(obj["kind"]),
+                             delete=lambda kind, name: applied.append(f"-{kind}"))
+    registry = agent_mod.LogRegistry(client)  # type: ignore[arg-type]
+
+    class Container:
+        def __init__(self, name: str) -> None:
+            self.name, self.spec, self.restarts = name, {"name": name}, 0
+
+        def log_path(self):
+            return tmp_path / self.name / f"{self.restarts}.log"
+
+        def previous_log_path(self):
+            return tmp_path / self.name / f"{self.restarts - 1}.log" if self.restarts else None
+
+    main = Container("main")
+    worker = SimpleNamespace(key=("ns", "web", "uid-web-0001"), init=[], main=[main], dir=tmp_path / "pod",
+                             agent=SimpleNamespace(cluster_dir=tmp_path), net=None)
+    registry.register(worker)  # type: ignore[arg-type]
+    assert applied == ["ClusterLogs", "ClusterExec"]
+    registry.register(worker)  # type: ignore[arg-type]  # its container started: nothing changed
+    assert applied == ["ClusterLogs", "ClusterExec"]
+    main.restarts = 1  # restarted: the logs move, the exec target does not
+    registry.register(worker)  # type: ignore[arg-type]
+    assert applied == ["ClusterLogs", "ClusterExec", "ClusterLogs"]
+    registry.unregister(worker)  # type: ignore[arg-type]
+    registry.register(worker)  # type: ignore[arg-type]  # published afresh after it was withdrawn
+    assert applied[-2:] == ["ClusterLogs", "ClusterExec"]
