@@ -189,6 +189,7 @@ class GpuNode:
         self._advertised: dict[str, AdvertisedDevice] = {}
         self._pods: dict[str, str] = {}                 # pod UID -> "namespace/name"
         self._state_files: dict[tuple[str, str], tuple[Path, tuple[int, ...]]] = {}
+        self._state_written: dict[Path, str] = {}  # what each nvidia-smi state file holds (smistate.write_state)
         self._running: dict[tuple[str, str], bool] = {}  # owner -> is a CUDA program
         # GPU containers that declared no CUDA program: computing (a server's reported utilization) makes them one.
         self._idle: dict[tuple[str, str], str] = {}       # owner -> process name
@@ -349,22 +350,26 @@ class GpuNode:
     def refresh(self) -> None:
         """Rewrite the host's and every GPU container's nvidia-smi state."""
         with self.lock:
-            host = self.state()
-            smistate.write_state(str(self.smi_state_path), host)
             inside = self.state(in_container=True)
-            smistate.write_state(str(self.container_state_path), inside)
-            for path in (self.smi_state_path, self.container_state_path):
-                path.chmod(0o644)
+            for path, state in ((self.smi_state_path, self.state()), (self.container_state_path, inside)):
+                self._write_state(path, state)
             for owner, (path, gpus) in self._state_files.items():
                 # What the container's neighbours on each of its GPUs want (gpulab's own field, read by
                 # programs that model time-slicing, such as gpulab/llm-server).
                 view = dict(inside, gpus=[dict(g, utilization_neighbours=self.ledger.gpu_demand(g["uuid"], owner))
                                           for g in inside["gpus"] if g["index"] in gpus])
                 try:
-                    smistate.write_state(str(path), view)
-                    path.chmod(0o644)
+                    self._write_state(path, view)
                 except OSError as e:
                     log.warning("cannot update %s: %s", path, e)
+
+    def _write_state(self, path: Path, state: dict[str, Any]) -> None:
+        """Write one nvidia-smi state file (readable by the containers' users) unless it holds that already."""
+        before = self._state_written.get(path)
+        text = smistate.write_state(str(path), state, unless=before)
+        if text != before:
+            path.chmod(0o644)
+            self._state_written[path] = text
 
     # -- devices of pods (the DeviceHooks of this node) ---------------------------
 
@@ -613,6 +618,7 @@ class GpuNode:
                 self.ledger.stop(o)
             for key in [k for k in self._state_files if k[0] == uid]:
                 path, _ = self._state_files.pop(key)
+                self._state_written.pop(path, None)
                 path.unlink(missing_ok=True)
                 with contextlib.suppress(OSError):  # its allocation's directory, mounted in the container
                     path.parent.rmdir()

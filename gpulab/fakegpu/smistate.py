@@ -22,14 +22,22 @@ from .nvidiasmi import FAULT_FABRIC_MANAGER_DOWN, FAULTS, STATE_SCHEMA
 __all__ = ["build_state", "write_state"]
 
 
-def write_state(path: str, state: dict) -> None:
-    """Write a state file atomically (readers never see half a file)."""
+def write_state(path: str, state: dict, unless: str | None = None) -> str:
+    """Write a state file atomically (readers never see half a file); returns what it holds.
+
+    Unless the file exists and holds ``unless`` already (what an earlier call returned): a node rewrites the
+    states of all its GPU containers whenever one of them starts, and most of them are unchanged.
+    """
+    # One line through the C encoder: the node agent writes these files at every container start.
+    text = json.dumps(state, sort_keys=True) + "\n"
+    if text == unless and os.path.exists(path):
+        return text
     directory = os.path.dirname(os.path.abspath(path))
     tmp = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}.tmp")
     with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(state, fh, indent=2, sort_keys=True)
-        fh.write("\n")
+        fh.write(text)
     os.replace(tmp, path)
+    return text
 
 
 def build_state(

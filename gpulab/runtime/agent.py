@@ -107,7 +107,15 @@ class LogRegistry:
         published = self._published.get(meta["name"]) or []
         try:
             for obj in objects:
-                if obj not in published:
+                if obj in published:
+                    continue
+                if any(p["kind"] == obj["kind"] for p in published):
+                    self.client.apply(obj, manager="gpulab-node-agent")
+                    continue
+                try:
+                    # New: a create costs the apiserver far less than a server-side apply of a custom resource.
+                    self.client.create(obj)
+                except api.Conflict:  # left by an earlier node agent
                     self.client.apply(obj, manager="gpulab-node-agent")
             self._published[meta["name"]] = objects
         except (api.ApiError, api.NotFound) as e:

@@ -131,7 +131,8 @@ def test_the_device_side_wakes_the_worker_of_a_pod_it_ended_a_container_of(monke
 
 def test_a_pods_logs_and_exec_are_published_again_only_when_they_change(tmp_path) -> None:
     applied: list[str] = []
-    client = SimpleNamespace(apply=lambda obj, manager: applied.append(obj["kind"]),
+    client = SimpleNamespace(create=lambda obj: applied.append(obj["kind"]),
+                             apply=lambda obj, manager: applied.append(obj["kind"]),
                              delete=lambda kind, name: applied.append(f"-{kind}"))
     registry = agent_mod.LogRegistry(client)  # type: ignore[arg-type]
 
