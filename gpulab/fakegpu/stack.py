@@ -83,8 +83,11 @@ class GpuStack:
         self.nodes_informer.add_handler(on_add=lambda obj: self._node_changed(None, obj),
                                         on_update=self._node_changed,
                                         on_delete=lambda obj: self._node_changed(obj, None))
-        self.policies.add_handler(on_add=lambda obj: self.notify(), on_update=lambda old, new: self.notify(),
-                                  on_delete=lambda obj: self.notify())
+        # A ClusterPolicy concerns the operator alone: it renders the policy into its operands' pods, whose
+        # programs read their own pod (a fleet's thousands of them are not woken by each status the operator writes).
+        self.policies.add_handler(on_add=lambda obj: self.notify_cluster(),
+                                  on_update=lambda old, new: self.notify_cluster(),
+                                  on_delete=lambda obj: self.notify_cluster())
         self.gpu_nodes: dict[str, GpuNode] = {}
         for spec in self._topology().gpu_nodes:
             self.gpu_nodes[spec.name] = GpuNode(self, spec, self.cluster_dir)
@@ -165,6 +168,13 @@ class GpuStack:
         with self._subs_lock:
             subs = [s for s in self._subs
                     if node is None or s.node == node or (s.node is None and everyone)]
+        for s in subs:
+            s.event.set()
+
+    def notify_cluster(self) -> None:
+        """Wake the cluster-wide subscribers only (the operator)."""
+        with self._subs_lock:
+            subs = [s for s in self._subs if s.node is None]
         for s in subs:
             s.event.set()
 

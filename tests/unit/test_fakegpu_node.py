@@ -427,7 +427,9 @@ def test_a_nodes_heartbeat_wakes_only_its_own_programs_and_a_label_change_the_cl
     assert woken() == {"a", "operator"}
     stack._node_changed(None, node)  # added
     assert woken() == {"a", "operator"}
-    stack.notify()  # a ClusterPolicy changed
+    stack.notify()  # everything
     assert woken() == {"a", "b", "operator"}
+    stack.notify_cluster()  # a ClusterPolicy changed: the operator's business alone
+    assert woken() == {"operator"}
     stack.notify("node-b")  # its hardware or faults changed
     assert woken() == {"b", "operator"}

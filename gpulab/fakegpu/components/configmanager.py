@@ -52,7 +52,7 @@ class ConfigManagerMain:
         current = self._written() if not self.oneshot else None
         last: object = object()
         while True:
-            wait = RESYNC_S  # the label and the ClusterPolicy wake it when they change
+            wait = RESYNC_S  # a change of the label wakes it; its ConfigMap and default are in its pod's spec
             try:
                 value = node_labels(self.host).get(self.label)
                 source = self.host.config_source()

@@ -51,7 +51,7 @@ __all__ = [
 
 
 #: How long a component sleeps when nothing changed before it looks again on its own. The embedded host wakes it
-#: on every change it reads (the Node, the ClusterPolicy, the hardware, faults, a neighbour's file: see
+#: on every change it reads (the Node, the hardware, faults, a neighbour's file: see
 #: :meth:`Host.changed`), so this is only a safety net; the kind host polls within it (``--poll-interval``).
 #: A fleet's thousands of components then cost nothing between changes.
 RESYNC_S = 30.0
