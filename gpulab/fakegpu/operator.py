@@ -369,8 +369,7 @@ class Operator:
     def watch(self, wake: threading.Event) -> Callable[[], None]:
         """Set ``wake`` whenever one of its DaemonSets changes (their status: operand pods ready); returns what
         undoes it."""
-        handler = self.daemonsets.add_handler(on_add=lambda obj: wake.set(), on_update=lambda old, new: wake.set(),
-                                              on_delete=lambda obj: wake.set())
+        handler = self.daemonsets.on_change(wake.set)
         self.daemonsets.start()
         self.stack.policies.wait_synced(10)
         self.daemonsets.wait_synced(10)
@@ -480,7 +479,9 @@ def _operator_program(stack: GpuStack, stop: threading.Event, ctx: programs.Prog
     log("info", "starting manager")
     op = Operator(stack, ctx.pod["metadata"]["namespace"], log)
     sub = stack.subscribe()
-    if isinstance(stop, programs.StopEvent):
+    # A program's stop wakes its wait at once; any other stop is looked at every second.
+    stop_wakes = isinstance(stop, programs.StopEvent)
+    if stop_wakes:
         stop.also_wake(sub.event)
     unwatch = op.watch(sub.event)
     try:
@@ -492,7 +493,7 @@ def _operator_program(stack: GpuStack, stop: threading.Event, ctx: programs.Prog
             except (api.ApiError, api.NotFound, api.Conflict) as e:
                 op._say("error", f"Reconciler error: {e}", "error")
                 wait = 1.0
-            sub.wait(wait if isinstance(stop, programs.StopEvent) else min(wait, 1.0))
+            sub.wait(wait if stop_wakes else min(wait, 1.0))
     finally:
         unwatch()
         stack.unsubscribe(sub)

@@ -85,9 +85,7 @@ class GpuStack:
                                         on_delete=lambda obj: self._node_changed(obj, None))
         # A ClusterPolicy concerns the operator alone: it renders the policy into its operands' pods, whose
         # programs read their own pod (a fleet's thousands of them are not woken by each status the operator writes).
-        self.policies.add_handler(on_add=lambda obj: self.notify_cluster(),
-                                  on_update=lambda old, new: self.notify_cluster(),
-                                  on_delete=lambda obj: self.notify_cluster())
+        self.policies.on_change(self.notify_cluster)
         self.gpu_nodes: dict[str, GpuNode] = {}
         for spec in self._topology().gpu_nodes:
             self.gpu_nodes[spec.name] = GpuNode(self, spec, self.cluster_dir)
@@ -165,16 +163,15 @@ class GpuStack:
     def notify(self, node: str | None = None, everyone: bool = True) -> None:
         """Wake the subscribers concerned: with ``node``, that node's programs and (with ``everyone``) the
         cluster-wide ones; without, all of them."""
-        with self._subs_lock:
-            subs = [s for s in self._subs
-                    if node is None or s.node == node or (s.node is None and everyone)]
-        for s in subs:
-            s.event.set()
+        self._wake(lambda s: node is None or s.node == node or (s.node is None and everyone))
 
     def notify_cluster(self) -> None:
         """Wake the cluster-wide subscribers only (the operator)."""
+        self._wake(lambda s: s.node is None)
+
+    def _wake(self, concerned: Callable[[Subscription], bool]) -> None:
         with self._subs_lock:
-            subs = [s for s in self._subs if s.node is None]
+            subs = [s for s in self._subs if concerned(s)]
         for s in subs:
             s.event.set()
 

@@ -113,6 +113,11 @@ class Informer:
             self._handlers.append(handler)
         return handler
 
+    def on_change(self, fn: Callable[[], None]) -> Handler:
+        """Call ``fn()`` on every add, update and delete: a consumer that looks at the whole cache whenever anything
+        in it changed. Returns the handler (for :meth:`remove_handler`)."""
+        return self.add_handler(on_add=lambda obj: fn(), on_update=lambda old, new: fn(), on_delete=lambda obj: fn())
+
     def remove_handler(self, handler: Handler) -> None:
         """Tell ``handler`` nothing more (client-go's ``RemoveEventHandler``)."""
         with self._dispatch_lock:

@@ -47,8 +47,7 @@ class Provisioner:
 
     def run(self, stop: threading.Event) -> None:
         for informer in self.informers.values():
-            informer.add_handler(on_add=lambda obj: self.wake.set(), on_update=lambda old, new: self.wake.set(),
-                                 on_delete=lambda obj: self.wake.set())
+            informer.on_change(self.wake.set)
             informer.start()
         for informer in self.informers.values():
             informer.wait_synced(30)

@@ -226,3 +226,12 @@ def test_a_removed_handler_hears_nothing_more() -> None:
     run(inf)
     assert kept.seen == [("add", "ns/a"), ("add", "ns/b")]
     assert removed.seen == []
+
+
+def test_on_change_calls_back_for_every_add_update_and_delete() -> None:
+    client = ScriptedClient([[pod("a", "1")]], [[event("MODIFIED", pod("a", "2")), event("DELETED", pod("a", "2"))]])
+    inf = informer_for(client)
+    calls: list[int] = []
+    inf.on_change(lambda: calls.append(1))
+    run(inf)
+    assert len(calls) == 3

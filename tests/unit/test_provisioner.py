@@ -16,7 +16,7 @@ from gpulab.runtime.volumes import node_host_path
 
 
 class Cache:
-    """An informer stand-in: a list of objects and the handlers told of changes."""
+    """An informer stand-in: a list of objects and the callbacks told of changes."""
 
     def __init__(self, objects: list[dict[str, Any]]):
         self.objects = objects
@@ -25,8 +25,8 @@ class Cache:
     def list(self) -> list[dict[str, Any]]:
         return list(self.objects)
 
-    def add_handler(self, on_add=None, on_update=None, on_delete=None):
-        self.handlers.append(on_add)
+    def on_change(self, fn: Callable[[], None]) -> None:
+        self.handlers.append(lambda obj: fn())
 
     def start(self) -> None:
         pass
