@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import http.server
 import socket
-import threading
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -34,6 +33,7 @@ from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamil
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import CollectorRegistry
 
+from .._httpserve import SharedHTTPServer
 from ..kube import api
 from ..kube.names import METRICS_ANNOTATION, OPERATOR_NAMESPACE
 
@@ -160,9 +160,8 @@ def parse(text: str) -> list[Sample]:
             for family in text_string_to_metric_families(text) for s in family.samples]
 
 
-def serve(node: MetricsView, address: tuple[str, int] | socket.socket,
-          thread_name: str = "dcgm-exporter") -> http.server.ThreadingHTTPServer:
-    """Serve ``/metrics`` (rendered per request) and ``/health`` as dcgm-exporter does, in a thread, at
+def serve(node: MetricsView, address: tuple[str, int] | socket.socket) -> SharedHTTPServer:
+    """Serve ``/metrics`` (rendered per request) and ``/health`` as dcgm-exporter does, in the background, at
     ``address`` or on a socket already listening (made where the pod's IP is).
 
     Returns the running server; ``server.shutdown()`` stops it.
@@ -189,15 +188,13 @@ def serve(node: MetricsView, address: tuple[str, int] | socket.socket,
             pass
 
     if isinstance(address, socket.socket):
-        server = http.server.ThreadingHTTPServer(address.getsockname()[:2], Handler, bind_and_activate=False)
+        server = SharedHTTPServer(address.getsockname()[:2], Handler, bind_and_activate=False)
         server.socket.close()
         server.socket = address
         server.server_address = address.getsockname()[:2]
     else:
-        server = http.server.ThreadingHTTPServer(address, Handler)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.5}, daemon=True,
-                     name=thread_name).start()
+        server = SharedHTTPServer(address, Handler)
+    server.start()
     return server
 
 

@@ -108,7 +108,7 @@ def test_a_page_that_is_not_prometheus_text_is_an_error() -> None:
 
 def test_the_exporter_serves_metrics_and_health() -> None:
     node = FakeNode([_gpu(0, util=10)])
-    server = dcgm.serve(node, ("127.0.0.1", 0), thread_name="dcgm-exporter-test")
+    server = dcgm.serve(node, ("127.0.0.1", 0))
     base = f"http://127.0.0.1:{server.server_address[1]}"
     try:
         with urllib.request.urlopen(f"{base}/metrics", timeout=5) as resp:

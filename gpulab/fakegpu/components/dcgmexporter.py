@@ -23,15 +23,13 @@ def run(host: Host) -> int:
     if host.faults().driver_unreachable:
         out.error("Failed to initialize NVML: Driver Not Loaded")
         return 1
-    server = dcgm.serve(host.metrics_view(), host.metrics_address(),
-                        thread_name=f"dcgm-exporter-{host.node}")
+    server = dcgm.serve(host.metrics_view(), host.metrics_address())
     address, port = server.server_address[:2]
     endpoint = f"http://{address}:{port}/metrics"
     # Where Prometheus finds it: the pod's IP and the port of DCGM_EXPORTER_LISTEN (":9400").
     listen_port = int(host.settings.flags.get("DCGM_EXPORTER_LISTEN", ":9400").rpartition(":")[2] or 9400)
     listener = host.pod_listener(listen_port)
-    in_pod = (dcgm.serve(host.metrics_view(), listener,
-                         thread_name=f"dcgm-exporter-pod-{host.node}") if listener is not None else None)
+    in_pod = dcgm.serve(host.metrics_view(), listener) if listener is not None else None
     if in_pod is not None:
         out.info(f"Serving metrics on the pod network at {listener.getsockname()[0]}:{listen_port}")
     try:

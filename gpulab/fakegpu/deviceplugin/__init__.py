@@ -4,6 +4,8 @@
                socket per resource and registers with the kubelet.
 - ``kubelet``  the kubelet's device-manager side for simulated nodes: serves
                ``Registration``, watches plugins, allocates devices to pods.
+- ``eventloop`` the one asyncio loop (``grpc.aio``) that serves every plugin and
+               kubelet socket of the process, and how blocking code uses it.
 - ``api_pb2`` / ``api_pb2_grpc``  stubs generated from ``api.proto`` by
                ``generate.py`` (committed; run time needs grpcio + protobuf).
 

@@ -26,6 +26,7 @@ re-registering from the *same* endpoint replaces the old connection.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import logging
@@ -35,7 +36,6 @@ import stat
 import threading
 import zlib
 from collections.abc import Callable, Mapping
-from concurrent import futures
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -49,6 +49,7 @@ from . import (
     UNHEALTHY,
     api_pb2,
     api_pb2_grpc,
+    eventloop,
 )
 
 log = logging.getLogger(__name__)
@@ -224,47 +225,53 @@ def _checksum(data: object) -> int:
 
 
 class _Endpoint:
-    """A registered plugin: its channel, options and ListAndWatch consumer."""
+    """A registered plugin: its channel, options and ListAndWatch consumer (all on the process's gRPC loop)."""
 
     def __init__(self, resource: str, socket_path: Path) -> None:
         self.resource = resource
         self.socket_path = socket_path
         self.options = api_pb2.DevicePluginOptions()
-        self._channel = grpc.insecure_channel(f"unix:{socket_path}")
-        self._stub = api_pb2_grpc.DevicePluginStub(self._channel)
-        self._stream = None
-        self._thread: threading.Thread | None = None
+        self._channel: grpc.aio.Channel | None = None
+        self._stub: api_pb2_grpc.DevicePluginStub | None = None
+        self._consumer: asyncio.Task | None = None
         self._ended = threading.Event()
         self._stopping = False
 
     def connect(self) -> None:
         """Dial the plugin and read its options (the kubelet does this before anything else)."""
         try:
-            self.options = self._stub.GetDevicePluginOptions(
+            self.options = eventloop.run(self._connect())
+        except grpc.RpcError as err:
+            raise ConnectionError(f"failed to dial device plugin: {_go_error(err)}") from None
+
+    async def _connect(self) -> api_pb2.DevicePluginOptions:
+        self._channel = grpc.aio.insecure_channel(f"unix:{self.socket_path}")
+        self._stub = api_pb2_grpc.DevicePluginStub(self._channel)
+        try:
+            return await self._stub.GetDevicePluginOptions(
                 api_pb2.Empty(), timeout=_DIAL_TIMEOUT_S, wait_for_ready=True
             )
-        except grpc.RpcError as err:
-            self._channel.close()
-            raise ConnectionError(f"failed to dial device plugin: {_go_error(err)}") from None
+        except BaseException:
+            await self._channel.close()
+            raise
 
     def watch(
         self,
         on_devices: Callable[[_Endpoint, list[api_pb2.Device]], None],
         on_end: Callable[[_Endpoint], None],
     ) -> None:
-        self._stream = self._stub.ListAndWatch(api_pb2.Empty())
-        self._thread = threading.Thread(
-            target=self._consume, args=(on_devices, on_end), name=f"listandwatch-{self.resource}", daemon=True
-        )
-        self._thread.start()
+        """Consume ListAndWatch; the callbacks run off the loop, one at a time, in the stream's order."""
+        self._consumer = eventloop.spawn(self._consume(on_devices, on_end))
 
-    def _consume(self, on_devices, on_end) -> None:
+    async def _consume(self, on_devices, on_end) -> None:
         try:
-            for response in self._stream:
-                on_devices(self, list(response.devices))
+            async for response in self._stub.ListAndWatch(api_pb2.Empty()):
+                await eventloop.offload(on_devices, self, list(response.devices))
             reason = "stream closed by the plugin"
         except grpc.RpcError as err:
             reason = _go_error(err)
+        except asyncio.CancelledError:
+            reason = "cancelled"
         except Exception as err:  # a bug on our side: log it, treat the plugin as gone
             log.exception("ListAndWatch consumer for %s failed", self.resource)
             reason = repr(err)
@@ -272,37 +279,37 @@ class _Endpoint:
             self._ended.set()
         if not self._stopping:
             log.info("ListAndWatch ended unexpectedly for device plugin %s: %s", self.resource, reason)
-            on_end(self)
+            await eventloop.offload(on_end, self)
 
     @property
     def active(self) -> bool:
-        return self._thread is not None and not self._ended.is_set()
+        return self._consumer is not None and not self._ended.is_set()
 
     def get_preferred_allocation(self, available: list[str], size: int) -> list[str]:
         request = api_pb2.PreferredAllocationRequest()
         request.container_requests.add(available_deviceIDs=available, allocation_size=size)
-        response = self._stub.GetPreferredAllocation(request, timeout=_RPC_TIMEOUT_S)
+        response = eventloop.run(eventloop.call(self._stub.GetPreferredAllocation, request, timeout=_RPC_TIMEOUT_S))
         return list(response.container_responses[0].deviceIDs) if response.container_responses else []
 
     def allocate(self, device_ids: list[str]) -> api_pb2.ContainerAllocateResponse:
         request = api_pb2.AllocateRequest()
         request.container_requests.add(devices_ids=device_ids)
-        response = self._stub.Allocate(request, timeout=_RPC_TIMEOUT_S)
+        response = eventloop.run(eventloop.call(self._stub.Allocate, request, timeout=_RPC_TIMEOUT_S))
         if not response.container_responses:
             raise AllocationError(f"no containers return in allocation response {response}")
         return response.container_responses[0]
 
     def pre_start(self, device_ids: list[str]) -> None:
         request = api_pb2.PreStartContainerRequest(devices_ids=device_ids)
-        self._stub.PreStartContainer(request, timeout=PRE_START_CONTAINER_TIMEOUT_S)
+        eventloop.run(eventloop.call(self._stub.PreStartContainer, request, timeout=PRE_START_CONTAINER_TIMEOUT_S))
 
     def stop(self) -> None:
         self._stopping = True
-        if self._stream is not None:
-            self._stream.cancel()
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout=5)
-        self._channel.close()
+        if self._consumer is not None:
+            eventloop.cancel(self._consumer, timeout=5)
+            self._ended.set()
+        if self._channel is not None:
+            eventloop.run(self._channel.close())
 
 
 @dataclass
@@ -346,12 +353,13 @@ class _RegistrationService(api_pb2_grpc.RegistrationServicer):
     def __init__(self, manager: DeviceManager) -> None:
         self._manager = manager
 
-    def Register(self, request, context):
+    async def Register(self, request, context):
         try:
-            self._manager.register(request)
+            # Registering dials the plugin (on this loop) and takes the manager's locks: off the loop.
+            await eventloop.offload(self._manager.register, request)
         except RegistrationRejected as err:
             # The kubelet returns plain Go errors: gRPC code Unknown.
-            context.abort(grpc.StatusCode.UNKNOWN, str(err))
+            await context.abort(grpc.StatusCode.UNKNOWN, str(err))
         return api_pb2.Empty()
 
 
@@ -385,7 +393,7 @@ class DeviceManager:
         self._notify_lock = threading.Lock()  # keeps callbacks in order
         self._save_lock = threading.Lock()  # one checkpoint writer at a time
         self._last_counts: ResourceCounts = {}
-        self._server: grpc.Server | None = None
+        self._server: grpc.aio.Server | None = None
 
     # -- lifecycle ---------------------------------------------------------
 
@@ -410,13 +418,16 @@ class DeviceManager:
                 state.grace_timer.start()
                 self._resources[name] = state
         self._remove_stale_sockets()
-        server = grpc.server(futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="kubelet-registration"))
-        api_pb2_grpc.add_RegistrationServicer_to_server(_RegistrationService(self), server)
-        server.add_insecure_port(f"unix:{self.socket_path}")
-        server.start()
-        self._server = server
+        self._server = eventloop.run(self._serve())
         log.info("Serving device plugin registration server on %s", self.socket_path)
         self._notify()
+
+    async def _serve(self) -> grpc.aio.Server:
+        server = grpc.aio.server()
+        api_pb2_grpc.add_RegistrationServicer_to_server(_RegistrationService(self), server)
+        server.add_insecure_port(f"unix:{self.socket_path}")
+        await server.start()
+        return server
 
     def _remove_stale_sockets(self) -> None:
         # Plugins notice their socket vanishing and re-register with us.
@@ -430,7 +441,7 @@ class DeviceManager:
     def stop(self) -> None:
         """Stop serving and drop every plugin connection (assignments stay checkpointed)."""
         if self._server is not None:
-            self._server.stop(grace=None).wait()
+            eventloop.run(self._server.stop(None))
             self._server = None
         with self._lock:
             endpoints = [s.endpoint for s in self._resources.values() if s.endpoint is not None]

@@ -30,6 +30,7 @@ the v1beta1 API.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import logging
@@ -38,8 +39,7 @@ import stat
 import threading
 import uuid as uuidlib
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from concurrent import futures
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -54,6 +54,7 @@ from . import (
     VERSION,
     api_pb2,
     api_pb2_grpc,
+    eventloop,
 )
 
 log = logging.getLogger(__name__)
@@ -71,9 +72,6 @@ DISTRIBUTED = "distributed"
 ALLOCATION_POLICIES = (PACKED, DISTRIBUTED)
 
 _RPC_TIMEOUT_S = 5.0
-# A ListAndWatch stream re-checks that its RPC is still alive this often, in
-# case a cancellation callback was missed.
-_STREAM_RECHECK_S = 1.0
 
 
 # --------------------------------------------------------------------------
@@ -354,52 +352,59 @@ class PluginConfig:
 
 
 class _DeviceState:
-    """The current device list of one resource; wakes streams on change."""
+    """The current device list of one resource; tells its listeners (the ListAndWatch streams) of changes."""
 
     def __init__(self, resource: InventoryResource) -> None:
-        self._cond = threading.Condition()
+        self._lock = threading.Lock()
         self._resource = resource
         self._generation = 0
         self._closed = False
+        self._listeners: list[Callable[[], None]] = []
 
     @property
     def resource(self) -> InventoryResource:
-        with self._cond:
+        with self._lock:
             return self._resource
 
     def replace(self, resource: InventoryResource) -> bool:
         """Swap in a new version; True when the kubelet's view changed."""
-        with self._cond:
+        with self._lock:
             changed = _api_view(resource) != _api_view(self._resource)
             self._resource = resource
             if changed:
                 self._generation += 1
-                self._cond.notify_all()
-            return changed
+            listeners = list(self._listeners) if changed else []
+        for listener in listeners:
+            listener()
+        return changed
 
     def snapshot(self) -> tuple[int, list[api_pb2.Device]]:
-        with self._cond:
+        with self._lock:
             return self._generation, [d.to_api() for d in self._resource.devices]
 
-    def wait_newer(self, generation: int, timeout: float) -> bool:
-        """Block until the state is newer than ``generation`` (True) or timeout/close."""
-        with self._cond:
-            self._cond.wait_for(lambda: self._closed or self._generation != generation, timeout)
-            return not self._closed and self._generation != generation
+    def listen(self, listener: Callable[[], None]) -> Callable[[], None]:
+        """Call ``listener`` (from any thread) on each change and on close; returns the function that stops it."""
+        with self._lock:
+            self._listeners.append(listener)
+
+        def stop() -> None:
+            with self._lock:
+                if listener in self._listeners:
+                    self._listeners.remove(listener)
+
+        return stop
 
     @property
     def closed(self) -> bool:
-        with self._cond:
+        with self._lock:
             return self._closed
 
-    def wake(self) -> None:
-        with self._cond:
-            self._cond.notify_all()
-
     def close(self) -> None:
-        with self._cond:
+        with self._lock:
             self._closed = True
-            self._cond.notify_all()
+            listeners = list(self._listeners)
+        for listener in listeners:
+            listener()
 
 
 def _api_view(resource: InventoryResource) -> list[tuple]:
@@ -413,19 +418,28 @@ class _DevicePluginService(api_pb2_grpc.DevicePluginServicer):
         self._state = state
         self._config = config
 
-    def GetDevicePluginOptions(self, request, context):
+    async def GetDevicePluginOptions(self, request, context):
         return api_pb2.DevicePluginOptions(get_preferred_allocation_available=True)
 
-    def ListAndWatch(self, request, context) -> Iterator[api_pb2.ListAndWatchResponse]:
-        context.add_callback(self._state.wake)
-        generation, devices = self._state.snapshot()
-        yield api_pb2.ListAndWatchResponse(devices=devices)
-        while context.is_active() and not self._state.closed:
-            if self._state.wait_newer(generation, _STREAM_RECHECK_S):
+    async def ListAndWatch(self, request, context) -> AsyncIterator[api_pb2.ListAndWatchResponse]:
+        # The whole list first, then again on every change, until the server stops (a cancelled
+        # stream ends at the wait).
+        changed = asyncio.Event()
+        unlisten = self._state.listen(eventloop.waker(changed))
+        try:
+            sent = None
+            while not self._state.closed:
+                changed.clear()
                 generation, devices = self._state.snapshot()
-                yield api_pb2.ListAndWatchResponse(devices=devices)
+                if generation != sent:
+                    sent = generation
+                    yield api_pb2.ListAndWatchResponse(devices=devices)
+                    continue
+                await changed.wait()
+        finally:
+            unlisten()
 
-    def GetPreferredAllocation(self, request, context):
+    async def GetPreferredAllocation(self, request, context):
         resource = self._state.resource
         response = api_pb2.PreferredAllocationResponse()
         for req in request.container_requests:
@@ -434,13 +448,13 @@ class _DevicePluginService(api_pb2_grpc.DevicePluginServicer):
                     resource, list(req.available_deviceIDs), list(req.must_include_deviceIDs), req.allocation_size
                 )
             except ValueError as err:
-                context.abort(
+                await context.abort(
                     grpc.StatusCode.UNKNOWN, f"error getting list of preferred allocation devices: {err}"
                 )
             response.container_responses.add(deviceIDs=ids)
         return response
 
-    def Allocate(self, request, context):
+    async def Allocate(self, request, context):
         resource = self._state.resource
         response = api_pb2.AllocateResponse()
         for req in request.container_requests:
@@ -450,16 +464,16 @@ class _DevicePluginService(api_pb2_grpc.DevicePluginServicer):
                 # NVIDIA returns a plain Go error, which gRPC sends as Unknown;
                 # the kubelet then shows "rpc error: code = Unknown desc = …".
                 log.warning("Allocate rejected for '%s': %s", resource.name, problem)
-                context.abort(
+                await context.abort(
                     grpc.StatusCode.UNKNOWN, f"invalid allocation request for {json.dumps(resource.name)}: {problem}"
                 )
             try:
                 response.container_responses.append(self._container_response(resource, ids))
             except OSError as err:
-                context.abort(grpc.StatusCode.UNKNOWN, f"failed to get allocate response: {err}")
+                await context.abort(grpc.StatusCode.UNKNOWN, f"failed to get allocate response: {err}")
         return response
 
-    def PreStartContainer(self, request, context):
+    async def PreStartContainer(self, request, context):
         return api_pb2.PreStartContainerResponse()
 
     def _container_response(
@@ -533,7 +547,7 @@ class ResourceServer:
         self.socket_path = config.plugin_dir / socket_name(resource.name)
         self._config = config
         self._state = _DeviceState(resource)
-        self._server: grpc.Server | None = None
+        self._server: grpc.aio.Server | None = None
         self._socket_identity: tuple[int, int] | None = None
         # Identity of the kubelet socket we last registered on; None = not registered.
         self.registered_with: tuple[int, int] | None = None
@@ -544,38 +558,41 @@ class ResourceServer:
         return self._state.resource
 
     def start(self) -> None:
-        """Bind the socket and serve; returns once the server answers."""
+        """Bind the socket and serve (on the process's gRPC loop); returns once the server answers."""
         self._config.plugin_dir.mkdir(parents=True, exist_ok=True)
         _remove_stale(self.socket_path)
         self._state = _DeviceState(self._state.resource)
-        server = grpc.server(futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix=f"dp-{self.name}"))
-        api_pb2_grpc.add_DevicePluginServicer_to_server(_DevicePluginService(self._state, self._config), server)
         try:
-            server.add_insecure_port(f"unix:{self.socket_path}")
-            server.start()
-            self._socket_identity = _file_identity(self.socket_path)
-            self._check_serving()
+            self._server = eventloop.run(self._serve())
         except Exception:
             self._state.close()
-            server.stop(grace=None)
             raise
-        self._server = server
         self.registered_with = None
         log.info("Starting to serve '%s' on %s", self.name, self.socket_path)
 
-    def _check_serving(self) -> None:
-        # The kubelet dials us as soon as we register: make sure we answer.
-        with grpc.insecure_channel(f"unix:{self.socket_path}") as channel:
-            api_pb2_grpc.DevicePluginStub(channel).GetDevicePluginOptions(
-                api_pb2.Empty(), timeout=_RPC_TIMEOUT_S, wait_for_ready=True
-            )
+    async def _serve(self) -> grpc.aio.Server:
+        server = grpc.aio.server()
+        api_pb2_grpc.add_DevicePluginServicer_to_server(_DevicePluginService(self._state, self._config), server)
+        try:
+            server.add_insecure_port(f"unix:{self.socket_path}")
+            await server.start()
+            self._socket_identity = _file_identity(self.socket_path)
+            # The kubelet dials us as soon as we register: make sure we answer.
+            async with grpc.aio.insecure_channel(f"unix:{self.socket_path}") as channel:
+                await api_pb2_grpc.DevicePluginStub(channel).GetDevicePluginOptions(
+                    api_pb2.Empty(), timeout=_RPC_TIMEOUT_S, wait_for_ready=True
+                )
+        except BaseException:
+            await server.stop(None)
+            raise
+        return server
 
     def stop(self) -> None:
         if self._server is None:
             return
         log.info("Stopping to serve '%s' on %s", self.name, self.socket_path)
         self._state.close()
-        self._server.stop(grace=0.2).wait()
+        eventloop.run(self._server.stop(grace=0.2))
         self._server = None
         if _file_identity(self.socket_path) == self._socket_identity:
             self.socket_path.unlink(missing_ok=True)
@@ -603,8 +620,7 @@ class ResourceServer:
             options=api_pb2.DevicePluginOptions(get_preferred_allocation_available=True),
         )
         try:
-            with grpc.insecure_channel(f"unix:{kubelet_socket}") as channel:
-                api_pb2_grpc.RegistrationStub(channel).Register(request, timeout=_RPC_TIMEOUT_S)
+            eventloop.run(_register(kubelet_socket, request))
         except grpc.RpcError as err:
             message = f"{err.code().name}: {err.details()}"
             if message != self._last_register_error:
@@ -615,6 +631,11 @@ class ResourceServer:
         self.registered_with = identity
         log.info("Registered device plugin for '%s' with Kubelet", self.name)
         return True
+
+
+async def _register(kubelet_socket: Path, request: api_pb2.RegisterRequest) -> None:
+    async with grpc.aio.insecure_channel(f"unix:{kubelet_socket}") as channel:
+        await api_pb2_grpc.RegistrationStub(channel).Register(request, timeout=_RPC_TIMEOUT_S)
 
 
 def _file_identity(path: Path) -> tuple[int, int] | None:
