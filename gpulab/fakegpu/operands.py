@@ -33,6 +33,7 @@ back-off, so a broken component shows as CrashLoopBackOff, as it would.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import random
@@ -41,7 +42,7 @@ import string
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from ..hardware.models import MigLayout
 from ..kube import api
@@ -50,7 +51,7 @@ from ..runtime import programs
 from ..runtime.network import NetworkError
 from . import cudaerrors, nvidiasmi
 from .components import COMPONENTS
-from .components.host import RESYNC_S, ApiHost, Gpus, HostError, Klog, MetricsView, Settings
+from .components.host import RESYNC_S, ApiHost, Gpus, HostError, Klog, MetricsView, Settings, holding_gpus
 from .devicemap import NodeResources
 from .deviceplugin import DEVICE_PLUGIN_PATH
 from .deviceplugin.plugin import PluginConfig
@@ -183,6 +184,15 @@ class EmbeddedHost(ApiHost):
     def changed(self) -> None:
         self.stack.notify(self.node, everyone=False)
 
+    @contextlib.contextmanager
+    def watching_pod(self, key: str) -> Iterator[None]:
+        """While in the block, the pod ``namespace/name`` changing also ends :meth:`wait`."""
+        self.stack.watch_pod(self._sub, key)
+        try:
+            yield
+        finally:
+            self.stack.unwatch_pod(self._sub, key)
+
     # -- the API
 
     @property
@@ -191,6 +201,11 @@ class EmbeddedHost(ApiHost):
 
     def node_object(self) -> dict[str, Any] | None:
         return self.stack.node_object(self.node)
+
+    def pods_holding_gpus(self) -> list[str]:
+        # The shared watch of Pods, by node: a fleet's MIG managers do not each list the cluster's pods.
+        pods = self.stack.pods_on(self.node)
+        return holding_gpus(pods) if pods is not None else super().pods_holding_gpus()
 
     def event(self, reason: str, message: str, type_: str = "Normal", component: str = OPERATOR_COMPONENT) -> None:
         self.stack.node_event(self.node, reason, message, type_, component=component)
@@ -288,6 +303,11 @@ def _device_plugin_image(stack: GpuStack, stop: threading.Event, ctx: programs.P
 # Operator validator (embedded only)
 
 
+#: How long the validator waits for its CUDA workload pod to succeed, and how often it looks without a change.
+CUDA_WORKLOAD_WAIT_S = 120.0
+CUDA_WORKLOAD_RECHECK_S = 5.0
+
+
 class ValidatorMain:
     """``nvidia-validator``: the operator validator's checks, one per container."""
 
@@ -368,8 +388,7 @@ class ValidatorMain:
 
     def cuda(self) -> int:
         client = self.stack.client
-        sel = "app=nvidia-cuda-validator"
-        for old in client.list("Pod", self.namespace, label_selector=sel, field_selector=f"spec.nodeName={self.ctx.node}"):
+        for old in self._cuda_pods():
             client.delete("Pod", old["metadata"]["name"], self.namespace, grace_seconds=0, propagation="Background")
         ds = client.get("DaemonSet", "nvidia-operator-validator", self.namespace) or {}
         image = self.ctx.env.get("VALIDATOR_IMAGE") or self.ctx.container.get("image", VALIDATOR_IMAGE)
@@ -393,26 +412,47 @@ class ValidatorMain:
             },
         }
         name = pod["metadata"]["name"]
-        try:
-            client.create(pod)
-        except (api.ApiError, api.Conflict) as e:
-            self.out.print(f"failed to create cuda validation pod {name}, err {e}")
-            return 1
-        for _ in range(240):
-            current = client.get("Pod", name, self.namespace)
-            if current is None:
+        # The pod's phase comes from the shared watch of Pods, which wakes this wait when the pod changes.
+        with self.host.watching_pod(f"{self.namespace}/{name}"):
+            try:
+                created = client.create(pod)
+            except (api.ApiError, api.Conflict) as e:
+                self.out.print(f"failed to create cuda validation pod {name}, err {e}")
+                return 1
+            return self._wait_succeeded(created)
+
+    def _cuda_pods(self) -> list[dict[str, Any]]:
+        """The node's CUDA workload pods (left by an earlier run of the validator)."""
+        on_node = self.stack.pods_on(self.ctx.node)
+        if on_node is None:
+            return self.stack.client.list("Pod", self.namespace, label_selector="app=nvidia-cuda-validator",
+                                          field_selector=f"spec.nodeName={self.ctx.node}")
+        return [p for p in on_node if p["metadata"]["namespace"] == self.namespace
+                and (p["metadata"].get("labels") or {}).get("app") == "nvidia-cuda-validator"]
+
+    def _wait_succeeded(self, created: dict[str, Any]) -> int:
+        name = created["metadata"]["name"]
+        key = f"{self.namespace}/{name}"
+        deadline = time.monotonic() + CUDA_WORKLOAD_WAIT_S
+        seen = False
+        while True:
+            current = self.stack.pods.get(key)
+            if current is None and seen:
                 self.out.print(f"failed to get pod {name}, err pods \"{name}\" not found")
                 return 1
-            phase = (current.get("status") or {}).get("phase") or "Pending"
+            seen = seen or current is not None
+            phase = ((current or created).get("status") or {}).get("phase") or "Pending"
             if phase == "Succeeded":
                 self.out.print(f"pod {name} ran successfully")
                 self._ready("cuda")
                 return 0
             self.out.print(f"pod {name} is currently in {phase} phase")
-            if self._sleep(0.5):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                self.out.print(f"gave up waiting for pod {name} to be available")
                 return 1
-        self.out.print(f"gave up waiting for pod {name} to be available")
-        return 1
+            if self.host.wait(min(left, CUDA_WORKLOAD_RECHECK_S)):
+                return 1
 
     def plugin(self) -> int:
         for attempt in range(1, 31):

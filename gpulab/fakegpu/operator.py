@@ -56,6 +56,8 @@ STATE_IGNORED = "ignored"
 NOT_READY_REQUEUE_S = 5.0
 #: How often it reconciles with everything ready and nothing changed.
 RESYNC_S = 30.0
+#: Changes that come within this of a reconcile wait for the next one together.
+BATCH_S = 0.5
 
 
 def manifests_dir() -> Path:
@@ -484,8 +486,13 @@ def _operator_program(stack: GpuStack, stop: threading.Event, ctx: programs.Prog
     if stop_wakes:
         stop.also_wake(sub.event)
     unwatch = op.watch(sub.event)
+    last = -BATCH_S
     try:
         while not stop.is_set():
+            # A burst of changes (a fleet's operand pods getting ready, GFD labelling every node) makes one pass.
+            if stop.wait(last + BATCH_S - time.monotonic()):
+                break
+            last = time.monotonic()
             wait = NOT_READY_REQUEUE_S
             try:
                 if op.reconcile():

@@ -33,12 +33,16 @@ from typing import Any
 from ..kube import api
 from ..kube import events
 from ..kube.informer import SharedInformers
+from ..kube.informer import key as informer_key
 from ..kube.names import OPERATOR_COMPONENT
 from ..kube.statedir import StateDir
 from ..runtime.devices import ContainerKill, DeviceGrant
 from .node import GpuNode
 
 log = logging.getLogger("gpulab.fakegpu")
+
+#: The pod informer's index by node (``spec.nodeName``).
+NODE_INDEX = "node"
 
 
 class Subscription:
@@ -71,15 +75,20 @@ class GpuStack:
         self.cluster_dir = Path(cluster_dir)
         self.client = client or api.Client(self.cluster_dir / "kubeconfigs" / "node-agent.yaml")
         self.stop_event = threading.Event()
-        self._subs: set[Subscription] = set()
+        self._subs: dict[str | None, set[Subscription]] = {}  # by node (None: cluster-wide)
         self._subs_lock = threading.Lock()
         self._own_informers = informers is None
         self.informers = informers or SharedInformers(self.client)
         self.nodes_informer = self.informers.informer("Node")
         # ClusterPolicies: the operator's programs reconcile when one changes.
         self.policies = self.informers.informer("ClusterPolicy")
-        # Pods: whose GPU utilisation is fixed by annotation (_apply_loads).
+        # Pods: whose GPU utilisation is fixed by annotation (_apply_loads), which hold a node's GPUs, and the
+        # pods programs wait for (watch_pod).
         self.pods = self.informers.informer("Pod")
+        self.pods.add_index(NODE_INDEX, lambda pod: (pod.get("spec") or {}).get("nodeName"))
+        self._pod_watchers: dict[str, set[Subscription]] = {}
+        self.pods.add_handler(on_add=self._pod_changed, on_update=lambda old, new: self._pod_changed(new),
+                              on_delete=self._pod_changed)
         self.nodes_informer.add_handler(on_add=lambda obj: self._node_changed(None, obj),
                                         on_update=self._node_changed,
                                         on_delete=lambda obj: self._node_changed(obj, None))
@@ -149,29 +158,59 @@ class GpuStack:
         """Every Node, as last seen by the shared watch of Nodes."""
         return self.nodes_informer.list()
 
+    def pods_on(self, node: str) -> list[dict[str, Any]] | None:
+        """The pods bound to ``node``, as the shared watch of Pods last saw them; None until it has listed."""
+        return self.pods.by_index(NODE_INDEX, node) if self.pods.has_synced() else None
+
+    def watch_pod(self, sub: Subscription, key: str) -> None:
+        """Wake ``sub`` also when the pod ``namespace/name`` changes (until :meth:`unwatch_pod`)."""
+        with self._subs_lock:
+            self._pod_watchers.setdefault(key, set()).add(sub)
+
+    def unwatch_pod(self, sub: Subscription, key: str) -> None:
+        with self._subs_lock:
+            watchers = self._pod_watchers.get(key)
+            if watchers is not None:
+                watchers.discard(sub)
+                if not watchers:
+                    del self._pod_watchers[key]
+
+    def _pod_changed(self, pod: dict[str, Any]) -> None:
+        with self._subs_lock:
+            watchers = list(self._pod_watchers.get(informer_key(pod), ()))
+        for sub in watchers:
+            sub.event.set()
+
     def subscribe(self, node: str | None = None) -> Subscription:
         """Be woken by changes (see :class:`Subscription`): those of ``node`` and the cluster's, or all."""
         sub = Subscription(node)
         with self._subs_lock:
-            self._subs.add(sub)
+            self._subs.setdefault(node, set()).add(sub)
         return sub
 
     def unsubscribe(self, sub: Subscription) -> None:
         with self._subs_lock:
-            self._subs.discard(sub)
+            subs = self._subs.get(sub.node)
+            if subs is not None:
+                subs.discard(sub)
+                if not subs:
+                    del self._subs[sub.node]
 
     def notify(self, node: str | None = None, everyone: bool = True) -> None:
         """Wake the subscribers concerned: with ``node``, that node's programs and (with ``everyone``) the
         cluster-wide ones; without, all of them."""
-        self._wake(lambda s: node is None or s.node == node or (s.node is None and everyone))
+        if node is None:
+            self._wake(list(self._subs))
+        else:
+            self._wake([node, None] if everyone else [node])
 
     def notify_cluster(self) -> None:
         """Wake the cluster-wide subscribers only (the operator)."""
-        self._wake(lambda s: s.node is None)
+        self._wake([None])
 
-    def _wake(self, concerned: Callable[[Subscription], bool]) -> None:
+    def _wake(self, nodes: list[str | None]) -> None:
         with self._subs_lock:
-            subs = [s for s in self._subs if concerned(s)]
+            subs = [s for n in nodes for s in self._subs.get(n, ())]
         for s in subs:
             s.event.set()
 

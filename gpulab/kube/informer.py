@@ -93,6 +93,8 @@ class Informer:
         self._stop = threading.Event()
         self._cache: dict[str, Obj] = {}
         self._cache_lock = threading.Lock()
+        # Indexes of the cache (client-go's Indexers): index name -> (key function, value -> object keys).
+        self._indexes: dict[str, tuple[Callable[[Obj], str | None], dict[str, set[str]]]] = {}
         # Held while handlers run: one delivery at a time, and a late handler's catch-up is not interleaved.
         self._dispatch_lock = threading.RLock()
         self._handlers: list[Handler] = []
@@ -146,6 +148,46 @@ class Informer:
         with self._cache_lock:
             return list(self._cache)
 
+    def add_index(self, name: str, index_of: Callable[[Obj], str | None]) -> None:
+        """Keep the cache indexed by ``index_of(obj)`` (None: not in the index), for :meth:`by_index`; client-go's
+        ``AddIndexers``. Adding the same name again does nothing."""
+        with self._cache_lock:
+            if name in self._indexes:
+                return
+            index: dict[str, set[str]] = {}
+            for k, obj in self._cache.items():
+                value = index_of(obj)
+                if value is not None:
+                    index.setdefault(value, set()).add(k)
+            self._indexes[name] = (index_of, index)
+
+    def by_index(self, name: str, value: str) -> list[Obj]:
+        """The cached objects whose index ``name`` is ``value`` (client-go's ``ByIndex``)."""
+        with self._cache_lock:
+            _, index = self._indexes[name]
+            return [self._cache[k] for k in index.get(value, ())]
+
+    def _store(self, k: str, obj: Obj | None) -> Obj | None:
+        """Put ``obj`` in the cache under ``k`` (None: remove it), keeping the indexes; the object it replaced.
+        Under the cache lock."""
+        before = self._cache.pop(k, None) if obj is None else self._cache.get(k)
+        if obj is not None:
+            self._cache[k] = obj
+        for index_of, index in self._indexes.values():
+            old_value = index_of(before) if before is not None else None
+            new_value = index_of(obj) if obj is not None else None
+            if old_value == new_value:
+                continue
+            if old_value is not None:
+                keys = index.get(old_value)
+                if keys is not None:
+                    keys.discard(k)
+                    if not keys:
+                        del index[old_value]
+            if new_value is not None:
+                index.setdefault(new_value, set()).add(k)
+        return before
+
     # -- lifecycle --------------------------------------------------------------
 
     def start(self) -> None:
@@ -195,6 +237,13 @@ class Informer:
             fresh[key(obj)] = obj
         with self._cache_lock:
             old, self._cache = self._cache, dict(fresh)
+            for name, (index_of, _) in list(self._indexes.items()):
+                index: dict[str, set[str]] = {}
+                for k, obj in fresh.items():
+                    value = index_of(obj)
+                    if value is not None:
+                        index.setdefault(value, set()).add(k)
+                self._indexes[name] = (index_of, index)
         with self._dispatch_lock:
             for k, obj in old.items():
                 if k not in fresh:
@@ -229,11 +278,7 @@ class Informer:
             rv = obj["metadata"]["resourceVersion"]
             k = key(obj)
             with self._cache_lock:
-                before = self._cache.get(k)
-                if ev["type"] == "DELETED":
-                    self._cache.pop(k, None)
-                else:
-                    self._cache[k] = obj
+                before = self._store(k, None if ev["type"] == "DELETED" else obj)
             with self._dispatch_lock:
                 if ev["type"] == "DELETED":
                     self._deliver("delete", obj)

@@ -60,6 +60,8 @@ PATH_TEMPLATE = "/metrics/nodes/{node}/metrics/resource"
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 # The endpoint's serving certificate in the cluster's pki/ (issued by `gpulab up` for 127.0.0.1).
 SERVING_CERT = "node-agent-serving"
+#: How long one grouping of the node agent's pods by node serves the pages (a scrape round of every node).
+GROUPING_S = 1.0
 
 
 def node_path(node: str) -> str:
@@ -227,12 +229,22 @@ class ResourceMetrics:
         self.retired: dict[str, float] = {}
         self.last: dict[str, dict[tuple[str, str, str], float]] = {}
         self.node_cpu: dict[str, float] = {}  # node -> the counter's last value: a counter never goes back
+        # The pods by node, grouped once for a round of scrapes (metrics-server asks every node at once).
+        self._by_node: dict[str, list[MeteredPod]] = {}
+        self._grouped_at = -GROUPING_S
+
+    def _workers_on(self, node: str) -> list[MeteredPod]:
+        with self.lock:
+            if time.monotonic() - self._grouped_at >= GROUPING_S:
+                by_node: dict[str, list[MeteredPod]] = {}
+                for worker in list(self.agent.workers.values()):
+                    by_node.setdefault(worker.node, []).append(worker)
+                self._by_node, self._grouped_at = by_node, time.monotonic()
+            return self._by_node.get(node, [])
 
     def containers(self, node: str, now: float) -> list[ContainerSample]:
         out = []
-        for worker in list(self.agent.workers.values()):
-            if worker.node != node:
-                continue
+        for worker in self._workers_on(node):
             ns, name, _ = worker.key
             for c in worker.init + worker.main:
                 if c.state != "running" or c.started_at is None:

@@ -405,7 +405,7 @@ def test_a_nodes_heartbeat_wakes_only_its_own_programs_and_a_label_change_the_cl
     from gpulab.fakegpu.stack import GpuStack
 
     stack = GpuStack.__new__(GpuStack)  # only the subscriptions: no cluster, no hardware
-    stack._subs, stack._subs_lock = set(), threading.Lock()
+    stack._subs, stack._subs_lock = {}, threading.Lock()
     a, b, operator = stack.subscribe("node-a"), stack.subscribe("node-b"), stack.subscribe()
 
     def woken() -> set[str]:
@@ -433,3 +433,24 @@ def test_a_nodes_heartbeat_wakes_only_its_own_programs_and_a_label_change_the_cl
     assert woken() == {"operator"}
     stack.notify("node-b")  # its hardware or faults changed
     assert woken() == {"b", "operator"}
+
+
+def test_a_watched_pod_wakes_its_watcher_alone_until_unwatched():
+    """A program waiting for one pod (the validator's CUDA workload) is woken by that pod's changes, not by the
+    fleet's other pods."""
+    import threading
+
+    from gpulab.fakegpu.stack import GpuStack
+
+    stack = GpuStack.__new__(GpuStack)
+    stack._subs, stack._subs_lock, stack._pod_watchers = {}, threading.Lock(), {}
+    waiting, other = stack.subscribe("node-a"), stack.subscribe("node-a")
+    stack.watch_pod(waiting, "gpu-operator/nvidia-cuda-validator-x")
+    stack._pod_changed({"metadata": {"namespace": "gpu-operator", "name": "some-other-pod"}})
+    assert not waiting.event.is_set()
+    stack._pod_changed({"metadata": {"namespace": "gpu-operator", "name": "nvidia-cuda-validator-x"}})
+    assert waiting.event.is_set() and not other.event.is_set()
+    waiting.event.clear()
+    stack.unwatch_pod(waiting, "gpu-operator/nvidia-cuda-validator-x")
+    stack._pod_changed({"metadata": {"namespace": "gpu-operator", "name": "nvidia-cuda-validator-x"}})
+    assert not waiting.event.is_set() and stack._pod_watchers == {}

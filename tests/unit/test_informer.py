@@ -235,3 +235,39 @@ def test_on_change_calls_back_for_every_add_update_and_delete() -> None:
     inf.on_change(lambda: calls.append(1))
     run(inf)
     assert len(calls) == 3
+
+
+def on_node(name: str, rv: str, node: str | None) -> dict[str, Any]:
+    obj = pod(name, rv)
+    if node is not None:
+        obj["spec"] = {"nodeName": node}
+    return obj
+
+
+def test_an_index_follows_lists_moves_and_deletes() -> None:
+    def node_of(obj: dict[str, Any]) -> str | None:
+        return (obj.get("spec") or {}).get("nodeName")
+
+    lists = [[on_node("a", "1", "n1"), on_node("b", "2", None)],
+             # Listed again after the watch expired: c came to n2 while nobody watched.
+             [on_node("a", "5", "n1"), on_node("c", "6", "n2")]]
+    stream = [event("MODIFIED", on_node("b", "3", "n1")),  # bound
+              event("DELETED", on_node("a", "4", "n1"))]
+    client = ScriptedClient(lists, [stream, api.Gone("expired"), []])
+    inf = informer_for(client)
+    seen: list[list[str]] = []
+
+    def look(obj: dict[str, Any]) -> None:
+        seen.append(sorted(key(o) for o in inf.by_index("node", "n1")))
+
+    inf.add_index("node", node_of)
+    inf.add_handler(on_add=look, on_update=lambda old, new: look(new), on_delete=look)
+    run(inf)
+    # Each handler sees the index as the cache is: after the list, the binding, the delete, the new list.
+    assert seen[:4] == [["ns/a"], ["ns/a"], ["ns/a", "ns/b"], ["ns/b"]]
+    assert [key(o) for o in inf.by_index("node", "n1")] == ["ns/a"]
+    assert [key(o) for o in inf.by_index("node", "n2")] == ["ns/c"]
+    assert inf.by_index("node", "n3") == []
+    # An index added to a filled cache indexes what is there.
+    inf.add_index("name", lambda obj: obj["metadata"]["name"])
+    assert [key(o) for o in inf.by_index("name", "c")] == ["ns/c"]

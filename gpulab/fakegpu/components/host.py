@@ -24,7 +24,7 @@ import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Protocol
+from typing import Any, Callable, Iterable, Mapping, Protocol
 
 from ...hardware.models import GpuModel, MigLayout
 from ...kube import api, events
@@ -45,6 +45,7 @@ __all__ = [
     "Settings",
     "gpu_requests",
     "node_labels",
+    "holding_gpus",
     "pods_holding_gpus",
     "record_node_event",
 ]
@@ -262,22 +263,27 @@ def gpu_requests(pod: Mapping[str, Any]) -> dict[str, int]:
 
 
 def pods_holding_gpus(client: api.Client, node: str) -> list[str]:
-    """``namespace/name`` of the pods holding ``node``'s GPUs: the one definition both hosts use.
+    """``namespace/name`` of the pods holding ``node``'s GPUs, from the API (see :func:`holding_gpus`)."""
+    return holding_gpus(client.list("Pod", field_selector=f"spec.nodeName={node}"))
+
+
+def holding_gpus(pods: Iterable[dict[str, Any]]) -> list[str]:
+    """``namespace/name`` of those of a node's ``pods`` that hold its GPUs: the one definition both hosts use.
 
     A pod holds GPUs from the moment it is bound to the node until it ends:
-    bound to ``node``, asking for an ``nvidia.com/*`` resource, and not
-    Succeeded or Failed (a terminating pod still holds them). From the API,
-    so that a process in kind's DaemonSet, which sees no kubelet's device
-    checkpoint, decides as the embedded node agent does.
+    asking for an ``nvidia.com/*`` resource, and not Succeeded or Failed (a
+    terminating pod still holds them). From the API (a list, or the watch of
+    Pods), so that a process in kind's DaemonSet, which sees no kubelet's
+    device checkpoint, decides as the embedded node agent does.
     """
-    pods = []
-    for pod in client.list("Pod", field_selector=f"spec.nodeName={node}"):
+    held = []
+    for pod in pods:
         if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
             continue
         if gpu_requests(pod):
             md = pod["metadata"]
-            pods.append(f"{md['namespace']}/{md['name']}")
-    return sorted(pods)
+            held.append(f"{md['namespace']}/{md['name']}")
+    return sorted(held)
 
 
 class ApiHost:
