@@ -60,6 +60,8 @@ PATH_TEMPLATE = "/metrics/nodes/{node}/metrics/resource"
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 # The endpoint's serving certificate in the cluster's pki/ (issued by `gpulab up` for 127.0.0.1).
 SERVING_CERT = "node-agent-serving"
+#: How long a kept-alive connection may stay silent before it is closed.
+KEEP_ALIVE_S = 120.0
 #: How long one grouping of the node agent's pods by node serves the pages (a scrape round of every node).
 GROUPING_S = 1.0
 
@@ -289,16 +291,30 @@ class ResourceMetrics:
         return exposition(node_usage, containers, now)
 
 
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    # metrics-server dials every node at once: room for a fleet's connections while they are accepted.
+    request_queue_size = 128
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A client that went away, or failed the TLS handshake: its connection ends, nothing more.
+        log.debug("resource metrics: connection from %s failed", client_address, exc_info=True)
+
+
 class ResourceMetricsServer:
-    """HTTPS on 127.0.0.1: clients must present a certificate of the cluster CA (as metrics-server does)."""
+    """HTTPS on 127.0.0.1: clients must present a certificate of the cluster CA (as metrics-server does).
+
+    Connections are kept alive (HTTP/1.1), as the kubelet's are: metrics-server scrapes every node each
+    resolution period over the connection it already has. Each connection's TLS handshake runs in its own
+    thread, not in the one that accepts: a fleet's first scrape does not wait for the handshakes in turn.
+    """
 
     def __init__(self, page: Callable[[str], bytes | None], pki: Path, cert_stem: str, port: int = 0):
         ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cafile=str(pki / "ca.crt"))
         ctx.load_cert_chain(str(pki / f"{cert_stem}.crt"), str(pki / f"{cert_stem}.key"))
         ctx.verify_mode = ssl.CERT_REQUIRED
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", port), _handler(page))
-        self.httpd.daemon_threads = True
-        self.httpd.socket = ctx.wrap_socket(self.httpd.socket, server_side=True)
+        self.httpd = _Server(("127.0.0.1", port), _handler(page))
+        self.httpd.socket = ctx.wrap_socket(self.httpd.socket, server_side=True, do_handshake_on_connect=False)
         self.port = self.httpd.server_address[1]
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True, name="resource-metrics")
 
@@ -315,6 +331,15 @@ _PATH = re.compile(PATH_TEMPLATE.replace("{node}", r"([^/]+)"))
 
 def _handler(page: Callable[[str], bytes | None]) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+        # A kept connection that says nothing for this long is closed (metrics-server asks every 15 s).
+        timeout = KEEP_ALIVE_S
+
+        def setup(self) -> None:
+            super().setup()  # applies the timeout, to the handshake too
+            if isinstance(self.request, ssl.SSLSocket):
+                self.request.do_handshake()
+
         def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
             m = _PATH.fullmatch(self.path.split("?", 1)[0])
             body = page(m[1]) if m else None

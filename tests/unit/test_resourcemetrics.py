@@ -157,3 +157,43 @@ def test_the_node_counter_never_goes_back_even_by_a_rounding_error():
                                  memory_info=lambda: SimpleNamespace(rss=0))
     second = samples(metrics.page("n1"))[("node_cpu_usage_seconds_total", ())][0]
     assert second >= first
+
+
+def test_the_server_keeps_a_connection_for_the_next_scrape_and_wants_a_client_certificate(tmp_path):
+    """metrics-server scrapes a fleet's every node each period: over kept connections, as from kubelets."""
+    import http.client
+    import ssl
+
+    from gpulab.kube import pki
+    from gpulab.runtime.resourcemetrics import ResourceMetricsServer
+
+    pki.ensure(tmp_path)
+    pki.issue_server(tmp_path, "serving", "gpulab:node-agent", (), ("127.0.0.1",))
+    cert, key = pki.issue_client(tmp_path, "scraper", "metrics-server")
+    pages = {"node-a": b"# page of node-a\n"}
+    server = ResourceMetricsServer(pages.get, tmp_path, "serving")
+    server.start()
+    try:
+        ctx = ssl.create_default_context(cafile=str(tmp_path / "ca.crt"))
+        ctx.check_hostname = False
+        ctx.load_cert_chain(str(cert), str(key))
+        conn = http.client.HTTPSConnection("127.0.0.1", server.port, context=ctx, timeout=5)
+        socks = []
+        for _ in range(2):
+            conn.request("GET", "/metrics/nodes/node-a/metrics/resource")
+            resp = conn.getresponse()
+            assert (resp.status, resp.read()) == (200, b"# page of node-a\n")
+            socks.append(conn.sock)
+        assert socks[0] is socks[1] and socks[0] is not None  # one connection, two scrapes
+        conn.request("GET", "/metrics/nodes/node-z/metrics/resource")
+        assert conn.getresponse().status == 404
+        conn.close()
+        anonymous = ssl.create_default_context(cafile=str(tmp_path / "ca.crt"))
+        anonymous.check_hostname = False
+        bare = http.client.HTTPSConnection("127.0.0.1", server.port, context=anonymous, timeout=5)
+        with pytest.raises((ssl.SSLError, ConnectionError, http.client.HTTPException)):
+            bare.request("GET", "/metrics/nodes/node-a/metrics/resource")
+            bare.getresponse()
+        bare.close()
+    finally:
+        server.stop()
