@@ -42,6 +42,11 @@ from ..runtime.resourcemetrics import SERVING_CERT, ResourceMetrics, ResourceMet
 RESOURCE_METRICS_PORT = "resource-metrics"
 #: The node agent's connections to the apiserver, shared by its threads (see :class:`gpulab.kube.api.Client`).
 API_CONNECTIONS = 48
+#: The interpreter's switch interval in the node agent (Python's default: 5 ms). A thread waiting for the GIL asks
+#: its holder to let go every interval: with a fleet's thousands of threads, hundreds of them woken at once (a burst
+#: of pods, every node's programs starting) made that hand-over, not the work, most of the process's CPU time
+#: (mostly the kernel's). Its threads do short steps between waits, so a longer interval costs them no latency.
+SWITCH_INTERVAL_S = 0.05
 
 
 def baked_weights_image(root: Path) -> Entrypoint:
@@ -68,6 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--apiserver-port", type=int, required=True,
                         help="relayed into the pod network as the kubernetes Service's endpoint")
     args = parser.parse_args(argv)
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         stream=sys.stderr)
     # One client for the whole process, its connections shared by every pod worker and program (a fleet's
