@@ -306,6 +306,9 @@ def _device_plugin_image(stack: GpuStack, stop: threading.Event, ctx: programs.P
 #: How long the validator waits for its CUDA workload pod to succeed, and how often it looks without a change.
 CUDA_WORKLOAD_WAIT_S = 120.0
 CUDA_WORKLOAD_RECHECK_S = 5.0
+#: How often and how many times the validator looks for the node's GPU resources (NVIDIA's numbers).
+GPU_DISCOVERY_INTERVAL_S = 5.0
+GPU_DISCOVERY_RETRIES = 30
 
 
 class ValidatorMain:
@@ -455,18 +458,26 @@ class ValidatorMain:
                 return 1
 
     def plugin(self) -> int:
-        for attempt in range(1, 31):
+        # NVIDIA's validator looks 30 times, 5 s apart; a change of the Node (its capacity) makes it look at once.
+        deadline = time.monotonic() + GPU_DISCOVERY_RETRIES * GPU_DISCOVERY_INTERVAL_S
+        attempt, next_retry = 0, 0.0
+        while True:
             node = self.stack.node_object(self.ctx.node) or {}
             capacity = (node.get("status") or {}).get("capacity") or {}
             if any((k == "nvidia.com/gpu" or k.startswith("nvidia.com/mig-")) and str(v) not in ("0", "")
                    for k, v in capacity.items()):
                 self._ready("plugin")
                 return 0
-            self.out.print(f"GPU resources are not yet discovered by the node, retry: {attempt}")
-            if self._sleep(2):
+            now = time.monotonic()
+            if now >= deadline:
+                self.out.print("GPU resources are not discovered by the node")
                 return 1
-        self.out.print("GPU resources are not discovered by the node")
-        return 1
+            if now >= next_retry:
+                attempt += 1
+                self.out.print(f"GPU resources are not yet discovered by the node, retry: {attempt}")
+                next_retry = now + GPU_DISCOVERY_INTERVAL_S
+            if self.host.wait(min(deadline, next_retry) - now):
+                return 1
 
     def vector_add(self) -> int:
         self.out.print("[Vector addition of 50000 elements]")
