@@ -303,8 +303,9 @@ def _device_plugin_image(stack: GpuStack, stop: threading.Event, ctx: programs.P
 # Operator validator (embedded only)
 
 
-#: How long the validator waits for its CUDA workload pod to succeed, and how often it looks without a change.
-CUDA_WORKLOAD_WAIT_S = 120.0
+#: How long the validator waits for its CUDA workload pod to succeed (NVIDIA's: 60 looks, 5 s apart), and how often
+#: it looks without a change of the pod.
+CUDA_WORKLOAD_WAIT_S = 300.0
 CUDA_WORKLOAD_RECHECK_S = 5.0
 #: How often and how many times the validator looks for the node's GPU resources (NVIDIA's numbers).
 GPU_DISCOVERY_INTERVAL_S = 5.0
