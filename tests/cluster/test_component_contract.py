@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -55,7 +56,6 @@ from helpers import wait_for
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpulab.cluster import kind
-from gpulab.cluster.processes import free_port
 from gpulab.fakegpu import daemon, faults, gfd, mig
 from gpulab.fakegpu.deviceplugin.kubelet import DeviceManager
 from gpulab.fakegpu.node import NodeStatusWriter
@@ -81,8 +81,14 @@ class Hosts:
     kind_node: str
     root: Path
     procs: dict[str, subprocess.Popen]
-    #: The kind host's DCGM exporter (the embedded one publishes its endpoint on its pod).
-    kind_metrics: str = ""
+
+    @property
+    def kind_metrics(self) -> str | None:
+        """The kind host's DCGM exporter, as its log says once it listens ("" before); the embedded one publishes
+        its endpoint on its pod. It listens on a port of its own choosing: a port picked free here could be taken
+        by the time its process binds it."""
+        found = re.search(r"metrics at (http://\S+/metrics)", self.log("dcgm-exporter"))
+        return found[1] if found else ""
 
     @property
     def nodes(self) -> tuple[str, str]:
@@ -203,10 +209,9 @@ def hosts(kube, cluster) -> Iterator[Hosts]:
                              "--mig-strategy", strategy)
         procs["mig-manager"] = start("mig-manager", "mig-manager", "--host-dir", str(host_dir),
                                      "--namespace", OPERATOR_NS)
-        metrics_port = free_port()
         procs["dcgm-exporter"] = start("dcgm-exporter", "dcgm-exporter", "--host-dir", str(host_dir),
-                                       "--listen", f"127.0.0.1:{metrics_port}")
-        hosts = Hosts(kube, name, root, procs, f"http://127.0.0.1:{metrics_port}/metrics")
+                                       "--listen", "127.0.0.1:0")
+        hosts = Hosts(kube, name, root, procs)
         yield hosts
     finally:
         for proc in procs.values():
@@ -259,6 +264,8 @@ def test_the_dcgm_exporter_serves_the_same_series_on_both_hosts(hosts, kube):
 
 
 def _reachable(url: str) -> bool:
+    if not url:
+        return False
     try:
         urllib.request.urlopen(url, timeout=2).read()
         return True
