@@ -204,8 +204,7 @@ class EmbeddedHost(ApiHost):
 
     def pods_holding_gpus(self) -> list[str]:
         # The shared watch of Pods, by node: a fleet's MIG managers do not each list the cluster's pods.
-        pods = self.stack.pods_on(self.node)
-        return holding_gpus(pods) if pods is not None else super().pods_holding_gpus()
+        return holding_gpus(self.stack.pods_on(self.node))
 
     def event(self, reason: str, message: str, type_: str = "Normal", component: str = OPERATOR_COMPONENT) -> None:
         self.stack.node_event(self.node, reason, message, type_, component=component)
@@ -427,11 +426,7 @@ class ValidatorMain:
 
     def _cuda_pods(self) -> list[dict[str, Any]]:
         """The node's CUDA workload pods (left by an earlier run of the validator)."""
-        on_node = self.stack.pods_on(self.ctx.node)
-        if on_node is None:
-            return self.stack.client.list("Pod", self.namespace, label_selector="app=nvidia-cuda-validator",
-                                          field_selector=f"spec.nodeName={self.ctx.node}")
-        return [p for p in on_node if p["metadata"]["namespace"] == self.namespace
+        return [p for p in self.stack.pods_on(self.ctx.node) if p["metadata"]["namespace"] == self.namespace
                 and (p["metadata"].get("labels") or {}).get("app") == "nvidia-cuda-validator"]
 
     def _wait_succeeded(self, created: dict[str, Any]) -> int:

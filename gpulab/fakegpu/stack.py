@@ -158,9 +158,11 @@ class GpuStack:
         """Every Node, as last seen by the shared watch of Nodes."""
         return self.nodes_informer.list()
 
-    def pods_on(self, node: str) -> list[dict[str, Any]] | None:
-        """The pods bound to ``node``, as the shared watch of Pods last saw them; None until it has listed."""
-        return self.pods.by_index(NODE_INDEX, node) if self.pods.has_synced() else None
+    def pods_on(self, node: str) -> list[dict[str, Any]]:
+        """The pods bound to ``node``, as the shared watch of Pods last saw them (from the API until it has listed)."""
+        if self.pods.has_synced():
+            return self.pods.by_index(NODE_INDEX, node)
+        return self.client.list("Pod", field_selector=f"spec.nodeName={node}")
 
     def watch_pod(self, sub: Subscription, key: str) -> None:
         """Wake ``sub`` also when the pod ``namespace/name`` changes (until :meth:`unwatch_pod`)."""
@@ -199,18 +201,16 @@ class GpuStack:
     def notify(self, node: str | None = None, everyone: bool = True) -> None:
         """Wake the subscribers concerned: with ``node``, that node's programs and (with ``everyone``) the
         cluster-wide ones; without, all of them."""
-        if node is None:
-            self._wake(list(self._subs))
-        else:
-            self._wake([node, None] if everyone else [node])
+        self._wake(None if node is None else [node, None] if everyone else [node])
 
     def notify_cluster(self) -> None:
         """Wake the cluster-wide subscribers only (the operator)."""
         self._wake([None])
 
-    def _wake(self, nodes: list[str | None]) -> None:
+    def _wake(self, nodes: list[str | None] | None) -> None:
+        """Wake the subscribers of ``nodes`` (None in it: the cluster-wide ones; ``nodes`` None: everyone)."""
         with self._subs_lock:
-            subs = [s for n in nodes for s in self._subs.get(n, ())]
+            subs = [s for n in (self._subs if nodes is None else nodes) for s in self._subs.get(n, ())]
         for s in subs:
             s.event.set()
 

@@ -152,14 +152,8 @@ class Informer:
         """Keep the cache indexed by ``index_of(obj)`` (None: not in the index), for :meth:`by_index`; client-go's
         ``AddIndexers``. Adding the same name again does nothing."""
         with self._cache_lock:
-            if name in self._indexes:
-                return
-            index: dict[str, set[str]] = {}
-            for k, obj in self._cache.items():
-                value = index_of(obj)
-                if value is not None:
-                    index.setdefault(value, set()).add(k)
-            self._indexes[name] = (index_of, index)
+            if name not in self._indexes:
+                self._indexes[name] = (index_of, _indexed(index_of, self._cache))
 
     def by_index(self, name: str, value: str) -> list[Obj]:
         """The cached objects whose index ``name`` is ``value`` (client-go's ``ByIndex``)."""
@@ -238,12 +232,7 @@ class Informer:
         with self._cache_lock:
             old, self._cache = self._cache, dict(fresh)
             for name, (index_of, _) in list(self._indexes.items()):
-                index: dict[str, set[str]] = {}
-                for k, obj in fresh.items():
-                    value = index_of(obj)
-                    if value is not None:
-                        index.setdefault(value, set()).add(k)
-                self._indexes[name] = (index_of, index)
+                self._indexes[name] = (index_of, _indexed(index_of, fresh))
         with self._dispatch_lock:
             for k, obj in old.items():
                 if k not in fresh:
@@ -308,6 +297,16 @@ class Informer:
                 h.on_update(obj, new if new is not None else obj)
             elif what == "delete" and h.on_delete is not None:
                 h.on_delete(obj)
+
+
+def _indexed(index_of: Callable[[Obj], str | None], objects: dict[str, Obj]) -> dict[str, set[str]]:
+    """An index of ``objects`` (key -> object): value -> the keys of the objects ``index_of`` gives it."""
+    index: dict[str, set[str]] = {}
+    for k, obj in objects.items():
+        value = index_of(obj)
+        if value is not None:
+            index.setdefault(value, set()).add(k)
+    return index
 
 
 def _uid(obj: Obj) -> str | None:
