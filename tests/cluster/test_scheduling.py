@@ -20,11 +20,13 @@ def gpu_pod(name: str, gpus, **spec) -> dict:
             "spec": {"containers": [container], **spec}}
 
 
+def scheduling_events(kube, ns, pod):
+    return [ev["message"] for ev in kube.list("Event", ns, field_selector=f"involvedObject.name={pod}")
+            if ev.get("reason") == "FailedScheduling"]
+
+
 def scheduling_event(kube, ns, pod):
-    for ev in kube.list("Event", ns, field_selector=f"involvedObject.name={pod}"):
-        if ev.get("reason") == "FailedScheduling":
-            return ev["message"]
-    return None
+    return next(iter(scheduling_events(kube, ns, pod)), None)
 
 
 def test_allocatable_reports_two_gpus_on_the_gpu_node_only(kube):
@@ -99,7 +101,11 @@ def test_taint_without_toleration_keeps_ai_pod_pending(kube, ns):
                                                        "effect": "NoSchedule"}]}})
     try:
         create(kube, ns, gpu_pod("no-toleration", 1, nodeSelector={"node-role.kubernetes.io/ai": "true"}))
-        msg = wait_for(lambda: scheduling_event(kube, ns, "no-toleration"), what="FailedScheduling event")
+        # The scheduler may try the pod before its informer has seen the label and the taint; the
+        # Node's update requeues the pod and the next attempt's event names the taint.
+        msg = wait_for(lambda: next((m for m in scheduling_events(kube, ns, "no-toleration")
+                                     if "untolerated taint" in m), None),
+                       what="FailedScheduling event naming the taint")
         assert "0/3 nodes are available:" in msg
         assert "1 node(s) had untolerated taint(s)" in msg
         assert "2 node(s) didn't match Pod's node affinity/selector" in msg
