@@ -1,17 +1,22 @@
 """Fleet-scale benchmark: a large topology brought up, thousands of GPU pods bound and Running, against KWOK alone.
 
     .venv/bin/python bench/scale_bench.py [--topology manifests/topologies/fleet-1000.yaml] [--pods 8000]
+                                          [--gpus-per-pod 1] [--client-rates raised|default]
                                           [--no-kwok] [--timeout 600]
 
 1. ``gpulab up`` of the topology in a temporary ``GPULAB_HOME``: seconds until every node is Ready, until the GPU
    Operator is ready on every GPU node (its operand DaemonSets' pods Running), and in all; then the memory (RSS)
    of each component of the cluster.
-2. A Deployment of ``--pods`` single-GPU pods (no command: each container is simulated as a process that runs
-   until stopped) on that cluster: seconds from its creation until every pod is bound by the scheduler, and until
-   every pod is Running; pods per second.
+2. A Deployment of ``--pods`` pods of ``--gpus-per-pod`` GPUs each (no command: each container is simulated
+   as a process that runs until stopped) on that cluster: seconds from its creation until every pod is bound
+   by the scheduler, and until every pod is Running; pods per second.
 3. The anchor, KWOK alone (``kwokctl create cluster --runtime binary``, the same binaries and the same
-   control-plane client rates gpulab sets): the same nodes (capacity and ``nvidia.com/gpu``) created as Node
-   objects that KWOK keeps Ready, and the same Deployment. Its pods are Running as soon as KWOK says so.
+   control-plane client rates): the same nodes (capacity and ``nvidia.com/gpu``) created as Node objects that
+   KWOK keeps Ready, and the same Deployment. Its pods are Running as soon as KWOK says so.
+
+``--client-rates raised`` (the default) runs both with the rates gpulab sets (``CLIENT_RATES``);
+``--client-rates default`` runs both with the components' own defaults (kube-controller-manager's
+``--kube-api-qps`` 20, ``--kube-api-burst`` 30; the scheduler's ``clientConnection`` 50/100).
 
 Results print as one Markdown table for BENCHMARKS.md. Long phases print progress on stderr.
 """
@@ -62,13 +67,14 @@ def rss_mib(pid: int) -> float:
     return total / 2**20
 
 
-def deployment(name: str, replicas: int) -> dict:
+def deployment(name: str, replicas: int, gpus: int) -> dict:
+    limits = {GPU: str(gpus)} if gpus else {}
     return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name, "namespace": "default"},
             "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": name}},
                      "template": {"metadata": {"labels": {"app": name}},
                                   "spec": {"terminationGracePeriodSeconds": 0,
                                            "containers": [{"name": "train", "image": "nvcr.io/nvidia/pytorch:24.05-py3",
-                                                           "resources": {"limits": {GPU: "1"}}}]}}}}
+                                                           "resources": {"limits": limits}}]}}}}
 
 
 class PodCounter:
@@ -124,11 +130,11 @@ class PodCounter:
                 running[count - 1] if len(running) >= count else None)
 
 
-def pod_throughput(client: api.Client, pods: int, timeout: float, what: str) -> dict[str, float | None]:
+def pod_throughput(client: api.Client, pods: int, gpus: int, timeout: float, what: str) -> dict[str, float | None]:
     counter = PodCounter(client, "fleet-train").start()
     time.sleep(1)
     start = time.monotonic()
-    client.apply(deployment("fleet-train", pods), manager="scale-bench")
+    client.apply(deployment("fleet-train", pods, gpus), manager="scale-bench")
     bound, running = counter.wait(pods, timeout, what)
     return {"bound_s": None if bound is None else bound - start,
             "running_s": None if running is None else running - start,
@@ -136,10 +142,10 @@ def pod_throughput(client: api.Client, pods: int, timeout: float, what: str) -> 
             "running": float(len(counter.running))}
 
 
-def bench_gpulab(topology: Path, pods: int, timeout: float) -> dict:
+def bench_gpulab(topology: Path, pods: int, gpus: int, rates: tuple[int, int] | None, timeout: float) -> dict:
     home = Path(tempfile.mkdtemp(prefix="glscale-", dir="/tmp"))
     os.environ["LANGUAGE"] = "en"  # the progress lines below are read in English (gpulab/i18n.py)
-    cluster = EmbeddedCluster(home / "cluster")
+    cluster = EmbeddedCluster(home / "cluster", client_rates=rates)
     out: dict = {}
     start = time.monotonic()
 
@@ -157,7 +163,7 @@ def bench_gpulab(topology: Path, pods: int, timeout: float) -> dict:
         out["rss"] = {name: rss_mib(pid) for name, pid in sorted(cluster.running().items())}
         if pods:
             client = api.Client(cluster.kubeconfig)
-            out["pods"] = pod_throughput(client, pods, timeout, "gpulab")
+            out["pods"] = pod_throughput(client, pods, gpus, timeout, "gpulab")
             out["rss_with_pods"] = {name: rss_mib(pid) for name, pid in sorted(cluster.running().items())}
     finally:
         cluster.down(purge=True, say=lambda m: None)
@@ -178,19 +184,19 @@ def kwok_nodes(topology: Path) -> list[dict]:
     return out
 
 
-def bench_kwok(topology: Path, pods: int, timeout: float) -> dict:
+def bench_kwok(topology: Path, pods: int, gpus: int, rates: tuple[int, int] | None, timeout: float) -> dict:
     bins = binaries.ensure(lambda m: None)
     work = Path(tempfile.mkdtemp(prefix="kwscale-", dir="/tmp"))
-    qps, burst = CLIENT_RATES
-    rates = [{"key": "kube-api-qps", "value": str(qps)}, {"key": "kube-api-burst", "value": str(burst)}]
+    flags = [] if rates is None else [{"key": "kube-api-qps", "value": str(rates[0])},
+                                      {"key": "kube-api-burst", "value": str(rates[1])}]
     config = {"kind": "KwokctlConfiguration", "apiVersion": "config.kwok.x-k8s.io/v1alpha1",
               "options": {"runtime": "binary", "bindAddress": "127.0.0.1",
                           "kubeApiserverBinary": str(bins["kube-apiserver"]),
                           "kubeControllerManagerBinary": str(bins["kube-controller-manager"]),
                           "kubeSchedulerBinary": str(bins["kube-scheduler"]),
                           "kwokControllerBinary": str(bins["kwok"]), "etcdBinary": str(bins["etcd"])},
-              "componentsPatches": [{"name": "kube-controller-manager", "extraArgs": rates},
-                                    {"name": "kube-scheduler", "extraArgs": rates}]}
+              "componentsPatches": [{"name": "kube-controller-manager", "extraArgs": flags},
+                                    {"name": "kube-scheduler", "extraArgs": flags}]}
     (work / "kwokctl.yaml").write_text(yaml.safe_dump(config))
     env = dict(os.environ, KWOK_WORKDIR=str(work / "kwok"), PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
     kubeconfig = work / "kubeconfig"
@@ -217,7 +223,7 @@ def bench_kwok(topology: Path, pods: int, timeout: float) -> dict:
         pids = [int(p.read_text()) for p in (work / "kwok" / "clusters" / "scale" / "pids").glob("*.pid")]
         out["rss"] = sum(rss_mib(pid) for pid in pids)
         if pods:
-            out["pods"] = pod_throughput(client, pods, timeout, "KWOK alone")
+            out["pods"] = pod_throughput(client, pods, gpus, timeout, "KWOK alone")
     finally:
         subprocess.run([str(bins["kwokctl"]), "delete", "cluster", "--name", "scale", "--kubeconfig", str(kubeconfig)],
                        env=env, capture_output=True)
@@ -233,15 +239,20 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--topology", type=Path, default=REPO / "manifests" / "topologies" / "fleet-1000.yaml")
     ap.add_argument("--pods", type=int, default=8000)
+    ap.add_argument("--gpus-per-pod", type=int, default=1, help="0: pods without GPUs")
+    ap.add_argument("--client-rates", choices=("raised", "default"), default="raised",
+                    help="the control plane's client rates: gpulab's (raised) or the components' defaults")
     ap.add_argument("--no-kwok", action="store_true", help="skip the KWOK-alone anchor")
     ap.add_argument("--timeout", type=float, default=600)
     args = ap.parse_args()
     topo = load_topology(args.topology)
     progress(f"topology {topo.name}: {len(topo.nodes)} nodes, {sum(n.gpu_count for n in topo.nodes)} GPUs")
-    g = bench_gpulab(args.topology, args.pods, args.timeout)
-    k = None if args.no_kwok else bench_kwok(args.topology, args.pods, args.timeout)
-    qps, burst = CLIENT_RATES
-    print(f"\n| {topo.name}: {len(topo.nodes)} nodes; control-plane clients at qps {qps}, burst {burst} | value |")
+    rates = CLIENT_RATES if args.client_rates == "raised" else None
+    g = bench_gpulab(args.topology, args.pods, args.gpus_per_pod, rates, args.timeout)
+    k = None if args.no_kwok else bench_kwok(args.topology, args.pods, args.gpus_per_pod, rates, args.timeout)
+    clients = ("control-plane clients at their defaults" if rates is None
+               else f"control-plane clients at qps {rates[0]}, burst {rates[1]}")
+    print(f"\n| {topo.name}: {len(topo.nodes)} nodes; {clients} | value |")
     print("|---|---|")
     print(f"| gpulab `up`: nodes Ready | {fmt(g.get('nodes_ready_s'))} |")
     print(f"| gpulab `up`: GPU Operator ready on every GPU node | {fmt(g.get('gpu_stack_s'))} |")
@@ -251,7 +262,7 @@ def main() -> int:
     print(f"| RSS of the cluster | {sum(g.get('rss', {}).values()):.0f} MiB |")
     if "pods" in g:
         p = g["pods"]
-        print(f"| gpulab: {args.pods} single-GPU pods bound | {fmt(p['bound_s'])} |")
+        print(f"| gpulab: {args.pods} pods of {args.gpus_per_pod} GPUs bound | {fmt(p['bound_s'])} |")
         print(f"| gpulab: {args.pods} pods Running | {fmt(p['running_s'])} ({fmt(p['pods_per_s'], 'pods/s')}) |")
         print(f"| RSS of the cluster with the pods | {sum(g['rss_with_pods'].values()):.0f} MiB |")
     if k:

@@ -108,9 +108,12 @@ PORTS = ("etcd-client", "etcd-peer", "apiserver", "controller-manager", "schedul
 
 
 class EmbeddedCluster(StateDir):
-    def __init__(self, root: Path | None = None):
+    def __init__(self, root: Path | None = None, client_rates: tuple[int, int] | None = CLIENT_RATES):
+        """``client_rates``: kube-controller-manager's and kube-scheduler's qps and burst to the apiserver;
+        None leaves them at the components' defaults."""
         self.root = root or paths.cluster_dir()
         self.procs = ProcessTable(self.root)
+        self.client_rates = client_rates
 
     def running(self) -> dict[str, int]:
         return {n: p for n, p in self.procs.running().items() if n in COMPONENTS}
@@ -368,8 +371,9 @@ class EmbeddedCluster(StateDir):
             ], https_ok(f"https://127.0.0.1:{ports['controller-manager']}/healthz"))
         if name == "kube-scheduler":
             # Its client, leader election and profiles are in its configuration file (schedulerconfig).
+            qps, burst = self.client_rates or (None, None)
             config = schedulerconfig.write(self.root / "kube-scheduler.yaml", kc / f"{name}.yaml",
-                                           qps=CLIENT_RATES[0], burst=CLIENT_RATES[1], leader_elect=False)
+                                           qps=qps, burst=burst, leader_elect=False)
             return Component(name, [str(bins[name]), f"--config={config}",
                                     *self._serving_flags(name, ports["scheduler"]), "--v=0"],
                              https_ok(f"https://127.0.0.1:{ports['scheduler']}/healthz"))
@@ -460,7 +464,9 @@ class EmbeddedCluster(StateDir):
         return [
             f"--kubeconfig={self.root / 'kubeconfigs' / f'{name}.yaml'}", *self._serving_flags(name, port),
             # One replica: a lease left by the previous run would only delay the restart.
-            "--leader-elect=false", f"--kube-api-qps={CLIENT_RATES[0]}", f"--kube-api-burst={CLIENT_RATES[1]}",
+            "--leader-elect=false",
+            *([f"--kube-api-qps={self.client_rates[0]}", f"--kube-api-burst={self.client_rates[1]}"]
+              if self.client_rates else []),
             "--v=0",
         ]
 

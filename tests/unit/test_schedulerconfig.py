@@ -91,3 +91,18 @@ def test_the_embedded_scheduler_starts_with_the_file_and_the_serving_flags_only(
     assert f"--kubeconfig={cm_kubeconfig}" in kcm and "--leader-elect=false" in kcm
     assert f"--kube-api-qps={qps}" in kcm and f"--kube-api-burst={burst}" in kcm
     assert not any(a.startswith("--config") for a in kcm)
+
+
+def test_a_cluster_at_the_default_client_rates_sets_none(tmp_path):
+    # bench/scale_bench.py --client-rates default: both components keep their own defaults.
+    cluster = embedded.EmbeddedCluster(tmp_path / "cluster", client_rates=None)
+    (tmp_path / "cluster").mkdir()
+    bins = binaries.Binaries(paths={"kube-scheduler": Path("/bin/kube-scheduler"),
+                                    "kube-controller-manager": Path("/bin/kube-controller-manager")},
+                             kwok_crds=(), cni_bin_dir=Path("/cni"))
+    ports = {"scheduler": 10259, "controller-manager": 10257}
+    cluster._component("kube-scheduler", bins, ports, "gpu-node-1")
+    config = yaml.safe_load((tmp_path / "cluster" / "kube-scheduler.yaml").read_text())
+    assert set(config["clientConnection"]) == {"kubeconfig"}
+    kcm = cluster._component("kube-controller-manager", bins, ports, "gpu-node-1").argv
+    assert not any(a.startswith(("--kube-api-qps", "--kube-api-burst")) for a in kcm)
