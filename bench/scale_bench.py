@@ -67,6 +67,24 @@ def rss_mib(pid: int) -> float:
     return total / 2**20
 
 
+def cpu_s(pid: int) -> tuple[float, float, int]:
+    """User and system CPU seconds of ``pid`` and its children, and their threads."""
+    try:
+        procs = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return 0.0, 0.0, 0
+    user = system = 0.0
+    threads = 0
+    for p in procs:
+        try:
+            t = p.cpu_times()
+            user, system, threads = user + t.user + t.children_user, system + t.system + t.children_system, \
+                threads + p.num_threads()
+        except psutil.NoSuchProcess:
+            pass
+    return user, system, threads
+
+
 def deployment(name: str, replicas: int, gpus: int) -> dict:
     limits = {GPU: str(gpus)} if gpus else {}
     return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name, "namespace": "default"},
@@ -161,6 +179,7 @@ def bench_gpulab(topology: Path, pods: int, gpus: int, rates: tuple[int, int] | 
         out["up_s"] = time.monotonic() - start
         time.sleep(5)
         out["rss"] = {name: rss_mib(pid) for name, pid in sorted(cluster.running().items())}
+        out["cpu"] = {name: cpu_s(pid) for name, pid in sorted(cluster.running().items())}
         if pods:
             client = api.Client(cluster.kubeconfig)
             out["pods"] = pod_throughput(client, pods, gpus, timeout, "gpulab")
@@ -260,6 +279,9 @@ def main() -> int:
     for name, mib in g.get("rss", {}).items():
         print(f"| RSS {name} | {mib:.0f} MiB |")
     print(f"| RSS of the cluster | {sum(g.get('rss', {}).values()):.0f} MiB |")
+    for name, (user, system, threads) in g.get("cpu", {}).items():
+        print(f"| CPU by then, {name} | {user + system:.1f} s (user {user:.1f}, system {system:.1f}; "
+              f"{threads} threads) |")
     if "pods" in g:
         p = g["pods"]
         print(f"| gpulab: {args.pods} pods of {args.gpus_per_pod} GPUs bound | {fmt(p['bound_s'])} |")

@@ -113,47 +113,86 @@ def cuda_runtime_of(image: str) -> str | None:
     return f"{m.group(1)}.{m.group(2)}" if m else None
 
 
-class NodeStatusWriter(threading.Thread):
-    """The kubelet's part: writes its device manager's counts into the Node's status, latest value wins,
-    retrying on errors."""
+class NodeStatusWriter:
+    """The kubelet's part: writes each node's device-manager counts into its Node's status, latest value wins,
+    retrying on errors.
 
-    def __init__(self, client: api.Client, node: str):
-        super().__init__(daemon=True, name=f"gpu-status-{node}")
+    One writer serves every node of the process with a few threads (``workers``): a fleet's nodes are idle
+    nearly always, and a thread each would be a thousand threads waiting. A node is written by one worker at a
+    time, so its writes stay in order; a node whose write failed is written again ``retry_s`` later.
+    """
+
+    def __init__(self, client: api.Client, workers: int = 4, retry_s: float = 1.0):
         self.client = client
-        self.node = node
-        self.latest: dict[str, tuple[int, int]] | None = None
-        self.wake = threading.Event()
-        self.halt = threading.Event()
+        self.workers = workers
+        self.retry_s = retry_s
+        self._latest: dict[str, dict[str, tuple[int, int]]] = {}
+        self._due: dict[str, float] = {}  # node -> monotonic time its write is due (insertion order: first come)
+        self._busy: set[str] = set()
+        self._cond = threading.Condition()
+        self._halt = False
+        self._threads: list[threading.Thread] = []
 
-    def submit(self, counts: dict[str, tuple[int, int]]) -> None:
-        self.latest = dict(counts)
-        self.wake.set()
+    def start(self) -> None:
+        for i in range(self.workers):
+            thread = threading.Thread(target=self._run, daemon=True, name=f"gpu-status-{i}")
+            thread.start()
+            self._threads.append(thread)
 
-    def stop(self) -> None:
-        self.halt.set()
-        self.wake.set()
+    def submit(self, node: str, counts: dict[str, tuple[int, int]]) -> None:
+        with self._cond:
+            self._latest[node] = dict(counts)
+            self._due.setdefault(node, 0.0)
+            self._cond.notify()
 
-    def run(self) -> None:
-        while True:
-            self.wake.wait()  # submit() or stop()
-            if self.halt.is_set():
-                return
-            self.wake.clear()
-            counts = self.latest or {}
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop the workers (a write under way finishes first, up to ``timeout``)."""
+        with self._cond:
+            self._halt = True
+            self._cond.notify_all()
+        for thread in self._threads:
+            thread.join(timeout)
+
+    def _take(self) -> tuple[str, dict[str, tuple[int, int]]] | None:
+        """The next node due and not being written (None: stopping); waits for one."""
+        with self._cond:
+            while not self._halt:
+                now, wait = time.monotonic(), None
+                for node, due in self._due.items():
+                    if node in self._busy:
+                        continue
+                    if due <= now:
+                        del self._due[node]
+                        self._busy.add(node)
+                        return node, self._latest[node]
+                    wait = due - now if wait is None else min(wait, due - now)
+                self._cond.wait(wait)
+            return None
+
+    def _run(self) -> None:
+        while (taken := self._take()) is not None:
+            node, counts = taken
             patch = {"status": {"capacity": {r: str(c) for r, (c, _) in counts.items()},
                                 "allocatable": {r: str(a) for r, (_, a) in counts.items()}}}
+            retry = False
             try:
-                self.client.patch("Node", self.node, patch, subresource="status")
+                self.client.patch("Node", node, patch, subresource="status")
             except (api.ApiError, api.NotFound, api.Conflict) as e:
-                log.warning("cannot write GPU resources of node %s: %s; retrying", self.node, e)
-                self.halt.wait(1.0)
-                self.wake.set()
+                log.warning("cannot write GPU resources of node %s: %s; retrying", node, e)
+                retry = True
+            with self._cond:
+                self._busy.discard(node)
+                if retry:
+                    self._due.setdefault(node, time.monotonic() + self.retry_s)
+                self._cond.notify()
 
 
 class NodeHost(Protocol):
     """What a :class:`GpuNode` needs of the stack that holds it (:class:`gpulab.fakegpu.stack.GpuStack`)."""
 
     client: api.Client
+    #: Writes the nodes' GPU counts into their status (started and stopped by the stack).
+    node_status: NodeStatusWriter
 
     def notify(self, node: str | None = None, everyone: bool = True) -> None:
         """Wake the programs of ``node`` (and the cluster-wide ones): its hardware changed."""
@@ -196,7 +235,6 @@ class GpuNode:
         self._pending: dict[tuple[str, str], ledgermod.Kill] = {}
         # Wakes the pod (by UID) whose container a kill in _pending awaits (DeviceHooks.wake_with).
         self.wake_pod: Callable[[str], None] = lambda uid: None
-        self._status = NodeStatusWriter(stack.client, spec.name)
         self.manager = DeviceManager(self.plugin_dir, on_change=self._devices_changed)
 
     # -- lifecycle ------------------------------------------------------------
@@ -206,18 +244,16 @@ class GpuNode:
         self._install_host_files()
         self._load_hardware()
         self.reload_faults()
-        self._status.start()
         self.manager.start()
         self.refresh()
 
     def stop(self) -> None:
-        self._status.stop()
         self.manager.stop()
 
     def _devices_changed(self, counts: dict[str, tuple[int, int]]) -> None:
         """The device manager's resources changed (a plugin registered, its devices or their health changed): the
         Node's status says so, and the node's components (the device plugin waiting for its registration) look."""
-        self._status.submit(counts)
+        self.stack.node_status.submit(self.name, counts)
         self.stack.notify(self.name, everyone=False)
 
     def _install_host_files(self) -> None:

@@ -37,7 +37,7 @@ from ..kube.informer import key as informer_key
 from ..kube.names import OPERATOR_COMPONENT
 from ..kube.statedir import StateDir
 from ..runtime.devices import ContainerKill, DeviceGrant
-from .node import GpuNode
+from .node import GpuNode, NodeStatusWriter
 
 log = logging.getLogger("gpulab.fakegpu")
 
@@ -95,6 +95,7 @@ class GpuStack:
         # A ClusterPolicy concerns the operator alone: it renders the policy into its operands' pods, whose
         # programs read their own pod (a fleet's thousands of them are not woken by each status the operator writes).
         self.policies.on_change(self.notify_cluster)
+        self.node_status = NodeStatusWriter(self.client)
         self.gpu_nodes: dict[str, GpuNode] = {}
         for spec in self._topology().gpu_nodes:
             self.gpu_nodes[spec.name] = GpuNode(self, spec, self.cluster_dir)
@@ -105,6 +106,7 @@ class GpuStack:
     # -- lifecycle --------------------------------------------------------------
 
     def start(self) -> None:
+        self.node_status.start()
         for node in self.gpu_nodes.values():
             node.start()
         for informer in (self.nodes_informer, self.policies, self.pods):
@@ -119,6 +121,7 @@ class GpuStack:
             self.informers.stop()
         for node in self.gpu_nodes.values():
             node.stop()
+        self.node_status.stop()
 
     def _watch_faults(self, stop: threading.Event) -> None:
         while not stop.wait(0.5):

@@ -176,8 +176,8 @@ def hosts(kube, cluster) -> Iterator[Hosts]:
     plugin_dir.mkdir()
     strategy = ((policy(kube)["spec"].get("mig") or {}).get("strategy")) or "single"
     procs: dict[str, subprocess.Popen] = {}
-    status = NodeStatusWriter(api.Client(cluster.kubeconfig), name)  # the kubelet's part on kind
-    manager = DeviceManager(plugin_dir, on_change=status.submit)
+    status = NodeStatusWriter(api.Client(cluster.kubeconfig), workers=1)  # the kubelet's part on kind
+    manager = DeviceManager(plugin_dir, on_change=lambda counts: status.submit(name, counts))
     created = False
     logs = []
     try:
@@ -229,8 +229,7 @@ def hosts(kube, cluster) -> Iterator[Hosts]:
         for out in logs:
             out.close()
         manager.stop()
-        status.halt.set()
-        status.join(5)
+        status.stop()
         if created:
             for e in kube.list("Event", "default", field_selector=f"involvedObject.name={name}"):
                 kube.delete("Event", e["metadata"]["name"], "default")

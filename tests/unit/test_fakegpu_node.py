@@ -17,7 +17,7 @@ from gpulab.fakegpu import dcgm, faults, nvidiasmi
 from gpulab.fakegpu.devicemap import advertised_resources
 from gpulab.fakegpu.pluginconfig import parse_config
 from gpulab.fakegpu.deviceplugin.plugin import DevicePlugin, PluginConfig
-from gpulab.fakegpu.node import GpuNode, cuda_runtime_of
+from gpulab.fakegpu.node import GpuNode, NodeStatusWriter, cuda_runtime_of
 from gpulab.kube.names import ALLOCATED_DEVICES_ANNOTATION
 from gpulab.runtime.devices import AdmissionError
 
@@ -58,6 +58,7 @@ class Recorder:
 class Stack:
     def __init__(self) -> None:
         self.client = Recorder()
+        self.node_status = NodeStatusWriter(self.client, workers=2)
 
     def notify(self, node=None, everyone=True) -> None:
         pass
@@ -76,10 +77,13 @@ def cluster_dir():
 @pytest.fixture
 def node(cluster_dir):
     spec = NodeSpec("gpu-node-1", "gpu", "32", "256Gi", 110, "h100-80gb", 2, {}, ())
-    n = GpuNode(Stack(), spec, cluster_dir)
+    stack = Stack()
+    stack.node_status.start()
+    n = GpuNode(stack, spec, cluster_dir)
     n.start()
     yield n
     n.stop()
+    stack.node_status.stop()
 
 
 @pytest.fixture
@@ -454,3 +458,54 @@ def test_a_watched_pod_wakes_its_watcher_alone_until_unwatched():
     stack.unwatch_pod(waiting, "gpu-operator/nvidia-cuda-validator-x")
     stack._pod_changed({"metadata": {"namespace": "gpu-operator", "name": "nvidia-cuda-validator-x"}})
     assert not waiting.event.is_set() and stack._pod_watchers == {}
+
+
+class FlakyRecorder(Recorder):
+    """Fails the first write of the nodes named, and notes the nodes being written at once."""
+
+    def __init__(self, fail_first: set[str], slow: float = 0.0) -> None:
+        super().__init__()
+        self.fail_first, self.slow = set(fail_first), slow
+        self.writing: set[str] = set()
+        self.overlapped: list[str] = []
+
+    def patch(self, kind, name, body, namespace=None, subresource=None, strategy="merge"):
+        from gpulab.kube import api
+        with self.lock:
+            if name in self.writing:
+                self.overlapped.append(name)
+            self.writing.add(name)
+        try:
+            if self.slow:
+                threading.Event().wait(self.slow)
+            with self.lock:
+                if name in self.fail_first:
+                    self.fail_first.discard(name)
+                    raise api.ApiError(500, "etcdserver: request timed out", None)
+            return super().patch(kind, name, body, namespace, subresource, strategy)
+        finally:
+            with self.lock:
+                self.writing.discard(name)
+
+
+def test_one_status_writer_serves_many_nodes_latest_value_wins_and_retries() -> None:
+    client = FlakyRecorder(fail_first={"node-3"}, slow=0.01)
+    writer = NodeStatusWriter(client, workers=3, retry_s=0.05)
+    writer.start()
+    try:
+        for round_ in range(1, 4):
+            for i in range(20):
+                writer.submit(f"node-{i}", {"nvidia.com/gpu": (8, 8 - round_)})
+
+        def last(node):
+            with client.lock:
+                bodies = [b for _, n, b, _ in client.patches if n == node]
+            return bodies[-1]["status"]["allocatable"]["nvidia.com/gpu"] if bodies else None
+
+        eventually(lambda: all(last(f"node-{i}") == "5" for i in range(20)), timeout=10)
+        assert client.overlapped == []                        # one write of a node at a time
+        assert sum(1 for t in threading.enumerate() if t.name.startswith("gpu-status-")) == 3
+        assert last("node-3") == "5"                           # its first write failed; it was written again
+    finally:
+        writer.stop()
+    assert not any(t.name.startswith("gpu-status-") and t.is_alive() for t in threading.enumerate())
