@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -27,6 +29,7 @@ from deviceplugin_support import (  # noqa: F401  (fixtures)
 
 from gpulab.fakegpu.deviceplugin import api_pb2
 from gpulab.fakegpu.deviceplugin.plugin import (
+    WATCH_THREADS,
     Inventory,
     InventoryError,
     InventoryResource,
@@ -264,3 +267,31 @@ def test_inventory_file_changes_start_and_stop_sockets(make_plugin, plugin_stub,
     write(inventory(migs("1g.18gb", n=7), gpus(1)))
     eventually(lambda: gpu_sock.exists())
     assert sorted(plugin.resources) == ["nvidia.com/gpu", "nvidia.com/mig-1g.18gb"]
+
+
+def test_many_plugins_watch_from_a_few_shared_threads(make_plugin, plugin_config, sock_dir) -> None:
+    # A fleet's node agent runs a plugin per node: their watches are tasks on the event loop, their ticks run
+    # on WATCH_THREADS threads, and each still notices its own inventory file change.
+    paths = []
+
+    def add(i: int) -> None:
+        path = sock_dir / f"inventory-{i}.json"
+        path.write_text(json.dumps(inventory(gpus(1))))
+        config = dataclasses.replace(plugin_config, plugin_dir=sock_dir / f"dp-{i}")
+        make_plugin(inventory_path=path, config=config)
+        paths.append((path, config.plugin_dir))
+
+    add(0)
+    time.sleep(10 * plugin_config.poll_interval)  # the loop, its offload threads and the watch threads are up
+    before = threading.active_count()
+    for i in range(1, 12):
+        add(i)
+    for path, _ in paths:
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(inventory(migs("1g.18gb", n=7))))
+        os.replace(tmp, path)
+    for _, plugin_dir in paths:
+        eventually(lambda d=plugin_dir: (d / "nvidia-mig-1g.18gb.sock").exists() and not (d / "nvidia-gpu.sock").exists())
+    watchers = [t for t in threading.enumerate() if t.name.startswith("deviceplugin-watch")]
+    assert len(watchers) <= WATCH_THREADS
+    assert threading.active_count() - before < 11                    # not a thread per plugin

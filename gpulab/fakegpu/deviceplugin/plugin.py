@@ -31,6 +31,7 @@ the v1beta1 API.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import dataclasses
 import json
 import logging
@@ -659,15 +660,31 @@ def _remove_stale(path: Path) -> None:
 # The plugin program
 # --------------------------------------------------------------------------
 
+#: Threads that run every plugin's watch ticks. Not the event loop's offload threads: a tick blocks on a
+#: registration, whose kubelet side is served on those.
+WATCH_THREADS = 4
+_watch_executor: concurrent.futures.ThreadPoolExecutor | None = None
+_watch_executor_lock = threading.Lock()
+
+
+def _watch_pool() -> concurrent.futures.ThreadPoolExecutor:
+    global _watch_executor
+    with _watch_executor_lock:
+        if _watch_executor is None:
+            _watch_executor = concurrent.futures.ThreadPoolExecutor(WATCH_THREADS,
+                                                                    thread_name_prefix="deviceplugin-watch")
+        return _watch_executor
+
 
 class DevicePlugin:
     """All resources of one node: servers, registration, inventory watching.
 
-    A background thread, every ``config.poll_interval`` seconds (``config.settled_interval`` once every server
-    is serving and registered), reloads the
+    A task on the process's event loop (:mod:`.eventloop`), every ``config.poll_interval`` seconds
+    (``config.settled_interval`` once every server is serving and registered), reloads the
     inventory file when it changed, restarts servers whose socket the kubelet
     deleted, and (re-)registers servers with a kubelet socket that is new to
-    them, which is how a kubelet restart is survived.
+    them, which is how a kubelet restart is survived. Its ticks run on :data:`WATCH_THREADS` threads
+    shared by every plugin of the process: a fleet's thousand plugins are not a thousand threads waiting.
     """
 
     def __init__(
@@ -685,14 +702,14 @@ class DevicePlugin:
         self._start_errors: dict[str, str] = {}
         self._lock = threading.RLock()
         self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._watch: asyncio.Task[None] | None = None
 
     # -- lifecycle ---------------------------------------------------------
 
     def start(self) -> None:
         """Start serving and registering; raises InventoryError for a bad inventory file."""
         with self._lock:
-            if self._thread is not None:
+            if self._watch is not None:
                 raise RuntimeError("device plugin already started")
             if self._inventory_path is not None and self._inventory_path.exists():
                 self._inventory_identity = _inventory_identity(self._inventory_path)
@@ -703,16 +720,15 @@ class DevicePlugin:
                 log.warning("nvidia-smi %s does not exist; containers cannot mount it", self.config.nvidia_smi)
             self._stop.clear()
             self._apply(self._inventory)
-            self._thread = threading.Thread(target=self._run, name="deviceplugin-watch", daemon=True)
-            self._thread.start()
+            self._watch = eventloop.spawn(self._watch_loop())
 
     def stop(self) -> None:
         """Stop every server and remove their sockets."""
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
-        with self._lock:
+        if self._watch is not None:
+            eventloop.cancel(self._watch, timeout=5)
+            self._watch = None
+        with self._lock:  # a tick under way finishes first; one after it sees _stop
             for server in self._servers.values():
                 server.stop()
             self._servers.clear()
@@ -746,7 +762,7 @@ class DevicePlugin:
         inventory = Inventory.coerce(inventory)
         with self._lock:
             self._inventory = inventory
-            if self._thread is not None:
+            if self._watch is not None:
                 self._apply(inventory)
 
     def set_health(self, resource: str, device_id: str, health: str) -> None:
@@ -815,21 +831,28 @@ class DevicePlugin:
             if server.serving and server.registered_with != kubelet:
                 server.register(self.config.kubelet_socket)
 
-    def _run(self) -> None:
+    async def _watch_loop(self) -> None:
         wait = self.config.poll_interval
-        while not self._stop.wait(wait):
-            wait = self.config.poll_interval
+        while True:
+            await asyncio.sleep(wait)
             try:
-                with self._lock:
-                    self._poll_inventory()
-                    for server in self._servers.values():
-                        self._ensure_serving(server)
-                    self._register_all()
-                    settled = all(s.serving and s.registered_with is not None for s in self._servers.values())
-                if settled and self.config.settled_interval is not None:
-                    wait = self.config.settled_interval
+                settled = await asyncio.get_running_loop().run_in_executor(_watch_pool(), self._tick)
             except Exception:  # keep watching: one bad tick must not kill the plugin
                 log.exception("Device plugin watch loop failed; continuing")
+                settled = False
+            wait = (self.config.settled_interval if settled and self.config.settled_interval is not None
+                    else self.config.poll_interval)
+
+    def _tick(self) -> bool:
+        """One look (see the class): True when every server is serving and registered."""
+        with self._lock:
+            if self._stop.is_set():
+                return False
+            self._poll_inventory()
+            for server in self._servers.values():
+                self._ensure_serving(server)
+            self._register_all()
+            return all(s.serving and s.registered_with is not None for s in self._servers.values())
 
     def _poll_inventory(self) -> None:
         if self._inventory_path is None:
