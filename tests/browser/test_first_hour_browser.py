@@ -39,7 +39,7 @@ import nbformat
 import pytest
 
 # The JupyterLab server and Chromium flags of the quiz's browser test: one way to run them.
-from test_quiz_browser import CHROMIUM_ARGS, UI_TIMEOUT_MS, JupyterLab
+from test_quiz_browser import CHROMIUM_ARGS, UI_TIMEOUT_MS, JupyterLab, accept_kernel_picker
 
 pytestmark = pytest.mark.browser
 
@@ -172,6 +172,7 @@ def test_jupyterlab_is_chinese_and_its_terminal_has_gpulab_kubectl_and_the_kubec
             browser = p.chromium.launch(executable_path=chromium_path, headless=True, args=CHROMIUM_ARGS)
             try:
                 page = browser.new_page(viewport=VIEWPORT, locale="zh-CN")
+                accept_kernel_picker(page)
                 page.set_default_timeout(UI_TIMEOUT_MS)
                 page.goto(f"{lab.base}/lab?token={lab.token}")
                 assert_chinese_ui(page, shots["menus"])
@@ -271,6 +272,7 @@ def test_a_lessons_first_cell_on_a_stopped_cluster_starts_it(tmp_path, chromium_
             browser = p.chromium.launch(executable_path=chromium_path, headless=True, args=CHROMIUM_ARGS)
             try:
                 page = browser.new_page(viewport=VIEWPORT, locale="zh-CN")
+                accept_kernel_picker(page)
                 page.set_default_timeout(UI_TIMEOUT_MS)
                 page.goto(f"{lab.base}/lab/tree/notebooks/{lesson.name}?token={lab.token}")
                 assert_chinese_ui(page, tmp_path / "first-hour-lesson-menus.png")

@@ -40,7 +40,7 @@ import nbformat
 import pytest
 
 # The JupyterLab server and Chromium flags of the quiz's browser test: one way to run them.
-from test_quiz_browser import CHROMIUM_ARGS, UI_TIMEOUT_MS, JupyterLab
+from test_quiz_browser import CHROMIUM_ARGS, UI_TIMEOUT_MS, JupyterLab, accept_kernel_picker
 
 pytestmark = pytest.mark.browser
 
@@ -213,6 +213,7 @@ def lab_page(lab_root, chromium_path, sync_playwright):
             browser = p.chromium.launch(executable_path=chromium_path, headless=True, args=CHROMIUM_ARGS)
             try:
                 page = browser.new_page(viewport=VIEWPORT, locale="zh-CN")
+                accept_kernel_picker(page)
                 page.set_default_timeout(UI_TIMEOUT_MS)
                 yield lab, page
             finally:

@@ -51,6 +51,16 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-backg
                  "--disable-dev-shm-usage", "--no-first-run", "--disable-extensions"]
 
 
+def accept_kernel_picker(page) -> None:
+    """Accept JupyterLab's kernel picker (its "选择内核" dialog) whenever it shows, with the kernel it preselects.
+
+    On a busy machine JupyterLab may ask which kernel to use although the notebook names one; a learner then
+    clicks 选择 (Select), and the test does the same instead of finding every click under the dialog refused.
+    """
+    picker = page.locator(".jp-Dialog").filter(has_text=re.compile("选择内核|Select Kernel"))
+    page.add_locator_handler(picker, lambda dialog: dialog.locator(".jp-mod-accept").click())
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -238,6 +248,7 @@ def test_a_quiz_answered_in_jupyterlab_in_headless_chromium(tmp_path, chromium_p
             browser = p.chromium.launch(executable_path=chromium_path, headless=True, args=CHROMIUM_ARGS)
             try:
                 page = browser.new_page(viewport={"width": 1280, "height": 1400}, locale="zh-CN")
+                accept_kernel_picker(page)
                 page.set_default_timeout(UI_TIMEOUT_MS)
                 page.goto(f"{lab.base}/lab/tree/quiz.ipynb?token={lab.token}")
 
