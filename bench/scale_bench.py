@@ -52,14 +52,18 @@ def progress(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
+def process_tree(pid: int) -> list[psutil.Process]:
+    """``pid`` and its children (none once it is gone)."""
+    try:
+        return [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+
+
 def rss_mib(pid: int) -> float:
     """RSS of ``pid`` and its children, MiB."""
-    try:
-        procs = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return 0.0
     total = 0
-    for p in procs:
+    for p in process_tree(pid):
         try:
             total += p.memory_info().rss
         except psutil.NoSuchProcess:
@@ -69,13 +73,9 @@ def rss_mib(pid: int) -> float:
 
 def cpu_s(pid: int) -> tuple[float, float, int]:
     """User and system CPU seconds of ``pid`` and its children, and their threads."""
-    try:
-        procs = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return 0.0, 0.0, 0
     user = system = 0.0
     threads = 0
-    for p in procs:
+    for p in process_tree(pid):
         try:
             t = p.cpu_times()
             user, system, threads = user + t.user + t.children_user, system + t.system + t.children_system, \
