@@ -124,7 +124,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="relayed into the pod network as the kubernetes Service's endpoint")
     args = parser.parse_args(argv)
     sys.setswitchinterval(SWITCH_INTERVAL_S)
-    widen_futex_hash(len(StateDir(args.cluster_dir).topology().nodes))
+    topology = StateDir(args.cluster_dir).topology()
+    widen_futex_hash(len(topology.nodes))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         stream=sys.stderr)
     # One client for the whole process, its connections shared by every pod worker and program (a fleet's
@@ -171,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
                              if sandbox.kind() == "namespaces" else [])])
     # Each node pulls images at its pool's imagePullBandwidth (the topology's network).
     rates = {spec.name: float(parse_quantity(spec.image_pull_bandwidth))
-             for spec in StateDir(args.cluster_dir).topology().nodes}
+             for spec in topology.nodes}
     image_manager = ImageManager(args.cluster_dir / "nodes", lambda node: rates.get(node, DEFAULT_PULL_RATE))
     agent = NodeAgent(args.cluster_dir, network, devices=gpus, images=images, image_manager=image_manager,
                       client=client, informers=informers)
