@@ -28,8 +28,8 @@ from deviceplugin_support import (  # noqa: F401  (fixtures)
 )
 
 from gpulab.fakegpu.deviceplugin import api_pb2
+from gpulab.fakegpu.deviceplugin.eventloop import WAITING_THREADS
 from gpulab.fakegpu.deviceplugin.plugin import (
-    WATCH_THREADS,
     Inventory,
     InventoryError,
     InventoryResource,
@@ -271,7 +271,7 @@ def test_inventory_file_changes_start_and_stop_sockets(make_plugin, plugin_stub,
 
 def test_many_plugins_watch_from_a_few_shared_threads(make_plugin, plugin_config, sock_dir) -> None:
     # A fleet's node agent runs a plugin per node: their watches are tasks on the event loop, their ticks run
-    # on WATCH_THREADS threads, and each still notices its own inventory file change.
+    # on the loop's WAITING_THREADS threads, and each still notices its own inventory file change.
     paths = []
 
     def add(i: int) -> None:
@@ -292,6 +292,6 @@ def test_many_plugins_watch_from_a_few_shared_threads(make_plugin, plugin_config
         os.replace(tmp, path)
     for _, plugin_dir in paths:
         eventually(lambda d=plugin_dir: (d / "nvidia-mig-1g.18gb.sock").exists() and not (d / "nvidia-gpu.sock").exists())
-    watchers = [t for t in threading.enumerate() if t.name.startswith("deviceplugin-watch")]
-    assert len(watchers) <= WATCH_THREADS
+    watchers = [t for t in threading.enumerate() if t.name.startswith("deviceplugin-waiting")]
+    assert len(watchers) <= WAITING_THREADS
     assert threading.active_count() - before < 11                    # not a thread per plugin

@@ -13,6 +13,9 @@ process share this loop.
 - :func:`spawn` starts a coroutine on the loop and returns its task; :func:`cancel` ends it.
 - :func:`offload` is how a coroutine calls code that may block (locks, files,
   callbacks into the node): on a small pool of threads, never on the loop.
+- :func:`offload_waiting` is the same for blocking code that itself waits on the loop
+  (calls :func:`run`, as a device plugin's watch tick does when it registers): on a
+  pool of its own, so that it never holds the threads the loop's coroutines offload to.
 """
 
 from __future__ import annotations
@@ -27,16 +30,19 @@ T = TypeVar("T")
 
 #: Threads for blocking work that coroutines hand off (registrations, device-list callbacks).
 OFFLOAD_THREADS = 4
+#: Threads for blocking work that waits on the loop (offload_waiting).
+WAITING_THREADS = 4
 
 _lock = threading.Lock()
 _loop: asyncio.AbstractEventLoop | None = None
 _thread: threading.Thread | None = None
 _pool: concurrent.futures.ThreadPoolExecutor | None = None
+_waiting_pool: concurrent.futures.ThreadPoolExecutor | None = None
 
 
 def loop() -> asyncio.AbstractEventLoop:
     """The process's loop, started on first use in a daemon thread."""
-    global _loop, _thread, _pool
+    global _loop, _thread, _pool, _waiting_pool
     with _lock:
         if _loop is None or _thread is None or not _thread.is_alive():
             started = threading.Event()
@@ -52,6 +58,8 @@ def loop() -> asyncio.AbstractEventLoop:
             started.wait()
             _loop, _thread = new, thread
             _pool = concurrent.futures.ThreadPoolExecutor(OFFLOAD_THREADS, thread_name_prefix="deviceplugin-offload")
+            _waiting_pool = concurrent.futures.ThreadPoolExecutor(WAITING_THREADS,
+                                                                  thread_name_prefix="deviceplugin-waiting")
         return _loop
 
 
@@ -97,6 +105,12 @@ async def offload(fn: Callable[..., T], *args: Any) -> T:
     """Await ``fn(*args)`` run on the offload threads."""
     loop()
     return await asyncio.get_running_loop().run_in_executor(_pool, fn, *args)
+
+
+async def offload_waiting(fn: Callable[..., T], *args: Any) -> T:
+    """Await ``fn(*args)``, which may itself wait on the loop, run on the waiting threads."""
+    loop()
+    return await asyncio.get_running_loop().run_in_executor(_waiting_pool, fn, *args)
 
 
 def waker(event: asyncio.Event) -> Callable[[], None]:

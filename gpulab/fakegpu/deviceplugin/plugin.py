@@ -31,7 +31,6 @@ the v1beta1 API.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import dataclasses
 import json
 import logging
@@ -660,21 +659,6 @@ def _remove_stale(path: Path) -> None:
 # The plugin program
 # --------------------------------------------------------------------------
 
-#: Threads that run every plugin's watch ticks. Not the event loop's offload threads: a tick blocks on a
-#: registration, whose kubelet side is served on those.
-WATCH_THREADS = 4
-_watch_executor: concurrent.futures.ThreadPoolExecutor | None = None
-_watch_executor_lock = threading.Lock()
-
-
-def _watch_pool() -> concurrent.futures.ThreadPoolExecutor:
-    global _watch_executor
-    with _watch_executor_lock:
-        if _watch_executor is None:
-            _watch_executor = concurrent.futures.ThreadPoolExecutor(WATCH_THREADS,
-                                                                    thread_name_prefix="deviceplugin-watch")
-        return _watch_executor
-
 
 class DevicePlugin:
     """All resources of one node: servers, registration, inventory watching.
@@ -683,8 +667,9 @@ class DevicePlugin:
     (``config.settled_interval`` once every server is serving and registered), reloads the
     inventory file when it changed, restarts servers whose socket the kubelet
     deleted, and (re-)registers servers with a kubelet socket that is new to
-    them, which is how a kubelet restart is survived. Its ticks run on :data:`WATCH_THREADS` threads
-    shared by every plugin of the process: a fleet's thousand plugins are not a thousand threads waiting.
+    them, which is how a kubelet restart is survived. Its ticks run on the loop's waiting threads
+    (:func:`.eventloop.offload_waiting`), shared by every plugin of the process: a fleet's thousand plugins
+    are not a thousand threads waiting.
     """
 
     def __init__(
@@ -836,7 +821,7 @@ class DevicePlugin:
         while True:
             await asyncio.sleep(wait)
             try:
-                settled = await asyncio.get_running_loop().run_in_executor(_watch_pool(), self._tick)
+                settled = await eventloop.offload_waiting(self._tick)
             except Exception:  # keep watching: one bad tick must not kill the plugin
                 log.exception("Device plugin watch loop failed; continuing")
                 settled = False
