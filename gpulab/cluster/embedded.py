@@ -1,30 +1,37 @@
 """The embedded backend: a real control plane as local processes, nodes by KWOK.
 
-Start order and why:
+Start order and why (:meth:`EmbeddedCluster._start_components`):
 
 1. ``etcd`` — the only state; survives ``down``/``up``.
-2. ``kube-apiserver`` — then gpulab registers what a kubelet would register
-   (the Node objects of the topology) and installs the cluster's defaults
-   (a default StorageClass, KWOK's log/exec CRDs).
-3. ``kube-controller-manager`` and ``kube-scheduler`` — unmodified, with
-   leader election off (one replica; a stale lease would delay a restart);
-   the scheduler with a configuration file of two profiles, Kubernetes'
-   default and a bin-packing one (:mod:`.schedulerconfig`).
-4. ``kwok`` — node heartbeats and leases, and the kubelet's HTTP API
+2. ``kube-apiserver``, and beside it ``node-agent``, gpulab's simulated
+   kubelet, whose own start needs no apiserver (Python's imports, the pod
+   network's namespace, ``kubectl exec``'s way in): it then waits for the
+   apiserver to be ready. As soon as the apiserver serves, before its
+   post-start hooks are done, KWOK's CRDs (:func:`.nodes.install_crds` says
+   why so early).
+   The node agent makes (or adopts) the nodes' shared network namespace,
+   where the CNI plugins put every pod, relays the apiserver in as the
+   ``kubernetes`` Service's endpoint and serves the apiserver's egress into
+   it (``--egress-selector-config-file``: pod and Service proxies, logs,
+   exec, aggregated APIs; :mod:`gpulab.runtime.network`); runs pods'
+   containers, reports their status, provisions local volumes, serves each
+   node's resource metrics.
+3. Once the apiserver is ready: ``kube-controller-manager`` and
+   ``kube-scheduler`` — unmodified, with leader election off (one replica; a
+   stale lease would delay a restart); the scheduler with a configuration
+   file of two profiles, Kubernetes' default and a bin-packing one
+   (:mod:`.schedulerconfig`). They exit, or back off, if started earlier: the
+   apiserver's RBAC roles for them are among its post-start hooks.
+4. gpulab registers what a kubelet would register (the Node objects of the
+   topology) and installs the cluster's defaults (a default StorageClass).
+5. ``kwok`` — node heartbeats and leases, and the kubelet's HTTP API
    (``kubectl logs``/``exec``) for every simulated node.
-5. ``node-agent`` — gpulab's simulated kubelet: makes (or adopts) the nodes'
-   shared network namespace, where the CNI plugins put every pod, relays
-   the apiserver in as the ``kubernetes`` Service's endpoint and serves the
-   apiserver's egress into it (``--egress-selector-config-file``: pod and
-   Service proxies, logs, exec, aggregated APIs; :mod:`gpulab.runtime.network`);
-   runs pods' containers, reports their
-   status, provisions local volumes, serves each node's resource metrics.
-   ``metrics-server`` — the real one, behind the APIService
-   ``v1beta1.metrics.k8s.io`` (``kubectl top``; :mod:`.metricsserver`).
 6. ``kube-proxy`` — Services, in nftables mode, inside the pod network
-   (:mod:`.kubeproxy`).
-7. Once nodes are Ready, cluster DNS (CoreDNS, :mod:`.clusterdns`) and the
-   NVIDIA GPU Operator are installed as their manifests and Helm chart would
+   (:mod:`.kubeproxy`), once the node agent has made it.
+7. ``metrics-server`` — the real one, behind the APIService
+   ``v1beta1.metrics.k8s.io`` (``kubectl top``; :mod:`.metricsserver`).
+8. Once nodes are Ready, the NVIDIA GPU Operator and cluster DNS (CoreDNS,
+   :mod:`.clusterdns`) are installed as their Helm chart and manifests would
    (:mod:`gpulab.fakegpu.operator`); their pods run on the nodes.
 
 Without namespaces (``GPULAB_SANDBOX=process``) there is no pod network:
@@ -56,8 +63,9 @@ from ..runtime.resourcemetrics import SERVING_CERT as NODE_AGENT_SERVING_CERT
 from . import binaries, clusterdns, kubeproxy, metricsserver, nodes, schedulerconfig
 from . import status as status_mod
 from ..kube import api, kubeconfig, pki
-from .processes import Component, ProcessTable, StartError, free_port, http_ok, https_ok, port_is_free, who_listens
+from .processes import Component, ProcessTable, Started, StartError, free_port, http_ok, https_ok, port_is_free, who_listens
 from ..kube.statedir import StateDir
+from ..kube.topology import Topology
 from ..kube.topology import load as load_topology
 
 
@@ -67,8 +75,9 @@ from ..kube.topology import load as load_topology
 #: pods and binding them is not held to 20 requests a second (bench/scale_bench.py, BENCHMARKS.md).
 CLIENT_RATES = (100, 200)
 
-# Start order; stop is the reverse. kube-proxy runs only where pods get namespaces, in the pod network
-# the node agent makes (not in GPULAB_SANDBOX=process: see components()).
+# The components; `down` stops them in the reverse of this order (the start order is the module's docstring's).
+# kube-proxy runs only where pods get namespaces, in the pod network the node agent makes (not in
+# GPULAB_SANDBOX=process: see components()).
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok",
               "node-agent", "metrics-server", "kube-proxy")
 NETWORK_COMPONENTS = ("kube-proxy",)
@@ -199,28 +208,7 @@ class EmbeddedCluster(StateDir):
 
         started_now: list[str] = []
         try:
-            # etcd and the apiserver one after the other (each needs the one
-            # before); everything else talks only to the apiserver and starts
-            # at once.
-            # kube-proxy runs inside the pod network's namespace: after the node agent has made it.
-            for wave in (wanted[:1], wanted[1:2], wanted[2:-1] if wanted[-1] == "kube-proxy" else wanted[2:],
-                         wanted[-1:] if wanted[-1] == "kube-proxy" else ()):
-                todo = [n for n in wave if n not in running]
-                if not todo:
-                    continue
-                say(_("starting {components}", components=", ".join(todo)))
-                if "metrics-server" in todo:
-                    # Its RBAC and APIService first (the port may have moved): it reads its
-                    # authentication config from kube-system as it starts.
-                    metricsserver.install(self.kubeconfig, self.pki, ports["metrics-server"])
-                spawned = []
-                for name in todo:
-                    comp = self._component(name, bins, ports, topo.nodes[0].name)
-                    spawned.append((comp, self.procs.spawn(comp)))
-                    started_now.append(name)
-                self.procs.wait_ready(spawned, timeout=60)
-                if "kube-apiserver" in wave:
-                    nodes.bootstrap(self, topo, bins.kwok_crds, say)
+            self._start_components(wanted, running, bins, ports, topo, say, started_now)
             nodes.wait_ready(self, topo, timeout=max(10.0, timeout - (time.monotonic() - started)))
             say(_("{n} nodes Ready after {seconds:.1f} s", n=len(topo.nodes), seconds=time.monotonic() - started))
             # Loaded here, at bring-up: every other command that reads the cluster spares the GPU stack's import.
@@ -254,6 +242,46 @@ class EmbeddedCluster(StateDir):
         took = time.monotonic() - started
         return _("cluster up in {seconds:.1f} s: {n} nodes Ready ({gpu_nodes} with GPUs); kubeconfig: {path}",
                  seconds=took, n=len(topo.nodes), gpu_nodes=len(topo.gpu_nodes), path=paths.shown(self.kubeconfig))
+
+    def _start_components(self, wanted: tuple[str, ...], running: dict[str, int], bins: binaries.Binaries,
+                          ports: dict[str, int], topo: Topology, say: Say, started_now: list[str]) -> None:
+        """Start what of ``wanted`` is not running (each name goes into ``started_now`` as it is spawned) and
+        wait until all of it serves; the order is the module's."""
+        spawned: dict[str, Started] = {}
+
+        def start(*names: str) -> list[Started]:
+            todo = [n for n in names if n in wanted and n not in running]
+            if not todo:
+                return []
+            say(_("starting {components}", components=", ".join(todo)))
+            if "metrics-server" in todo:
+                # Its RBAC and APIService first (the port may have moved): it reads its
+                # authentication config from kube-system as it starts.
+                metricsserver.install(self.kubeconfig, self.pki, ports["metrics-server"])
+            out = []
+            for name in todo:
+                comp = self._component(name, bins, ports, topo.nodes[0].name)
+                spawned[name] = (comp, self.procs.spawn(comp))
+                started_now.append(name)
+                out.append(spawned[name])
+            return out
+
+        self.procs.wait_ready(start("etcd"), timeout=60)
+        start("kube-apiserver", "node-agent")
+        if "kube-apiserver" in spawned:
+            nodes.install_crds(self, bins.kwok_crds, spawned["kube-apiserver"])
+            self.procs.wait_ready([spawned["kube-apiserver"]], timeout=60)
+        start("kube-controller-manager", "kube-scheduler")
+        if "kube-apiserver" in spawned:
+            nodes.bootstrap(self, topo, bins.kwok_crds, say)
+        start("kwok")
+        if "kube-proxy" in wanted and "kube-proxy" not in running and "node-agent" in spawned:
+            self.procs.wait_for("the pod network's namespace", network.ClusterNetwork(self.root).available,
+                                spawned["node-agent"], timeout=60)
+        start("kube-proxy")
+        start("metrics-server")
+        self.procs.wait_ready([s for name, s in spawned.items() if name not in ("etcd", "kube-apiserver")],
+                              timeout=60)
 
     def status(self) -> dict[str, Any]:
         """What `gpulab status` shows: every component up (its pid) or down, each node's GPUs."""
@@ -319,6 +347,10 @@ class EmbeddedCluster(StateDir):
                 f"--initial-cluster=gpulab={peer}",
                 # A teaching cluster trades durability on power loss for speed.
                 "--unsafe-no-fsync=true", "--auto-compaction-retention=1",
+                # One member, no peers to hear from: its election waits only for its own randomised timeout
+                # (up to 2x --election-timeout, less the ticks etcd skips), which with the defaults (100 ms
+                # ticks, 1 s) made it ready anywhere from 0.1 to 1 s after it started.
+                "--heartbeat-interval=10", "--election-timeout=100",
                 "--quota-backend-bytes=2147483648", "--log-level=warn",
             ], http_ok(f"{client}/health"))
         if name == "kube-apiserver":

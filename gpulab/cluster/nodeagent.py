@@ -26,6 +26,7 @@ import threading
 import time
 from pathlib import Path
 
+from .. import _poll
 from ..fakegpu import llmserver, operands, operator
 from ..fakegpu.stack import GpuStack
 from . import clusterdns
@@ -62,6 +63,8 @@ GC_THRESHOLDS = (20_000, 20, 1_000_000_000)
 FULL_GC_S = 300.0
 #: Threads per node the futex hash is sized for (widen_futex_hash): a GPU node's pods, programs and servers.
 FUTEX_SLOTS_PER_NODE = 16
+#: How long the node agent, started beside the apiserver, waits for it to be ready.
+APISERVER_WAIT_S = 120.0
 #: prctl(2)'s PR_FUTEX_HASH and its PR_FUTEX_HASH_SET_SLOTS (Linux 6.16 and later).
 _PR_FUTEX_HASH, _PR_FUTEX_HASH_SET_SLOTS = 78, 1
 
@@ -109,6 +112,11 @@ def tune_gc() -> None:
             gc.collect()
 
     threading.Thread(target=collect, daemon=True, name="gc-full").start()
+
+
+def _apiserver_not_ready(_last: object) -> SystemExit:
+    return SystemExit(f"gpulab node agent: the apiserver was not ready (or did not serve KWOK's kinds) "
+                      f"within {APISERVER_WAIT_S:.0f} s")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -189,9 +197,14 @@ def main(argv: list[str] | None = None) -> int:
     # Every pod it starts records several Events: a pod's sync does not wait for them to be written.
     events.RECORDER.send_in_background()
     tune_gc()
-    gpus.start()
     try:
-        agent.run(ready_file=args.cluster_dir / "node-agent.ready")
+        agent.prepare()
+        # `gpulab up` starts this agent beside the apiserver: nothing is watched before the apiserver is ready
+        # (an informer that failed its first list would wait out its backoff). None: asked to stop meanwhile.
+        if _poll.until(agent.api_ready, APISERVER_WAIT_S, _apiserver_not_ready, interval=0.05,
+                       pause=agent.stop.wait):
+            gpus.start()
+            agent.run(ready_file=args.cluster_dir / "node-agent.ready")
     finally:
         metrics.stop()
         gpus.stop()

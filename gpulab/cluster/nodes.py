@@ -23,7 +23,7 @@ from ..i18n import _
 from ..fakegpu import gfd
 from ..kube import allocatable, api
 from .base import ClusterError
-from .processes import ProcessTable
+from .processes import ProcessTable, Started
 from ..kube.names import LOOPBACK_NODE_ADDRESS, NODE_ANNOTATION, PROVISIONER, STORAGE_CLASS, node_address
 from ..kube.topology import NodeSpec, Topology
 from ..runtime import sandbox
@@ -145,12 +145,23 @@ def storage_class(name: str, provisioner: str) -> dict[str, Any]:
     }
 
 
-def bootstrap(cluster: BootingCluster, topo: Topology, crds: tuple[Path, ...],
-              say: Callable[[str], None]) -> None:
-    """Create what a fresh cluster needs before the controllers start; idempotent."""
-    client = api.Client(cluster.kubeconfig)
+def install_crds(cluster: BootingCluster, crds: tuple[Path, ...], apiserver: Started) -> None:
+    """Create KWOK's CRDs (the node agent's per-pod ClusterLogs, ClusterExec, ClusterPortForward) as soon as the
+    just ``apiserver`` started serves CRDs, before its post-start hooks are done; idempotent.
+
+    Early, because a custom resource created within 2 s of its CRD's Established condition waits 2 s in the
+    apiserver (a grace for apiservers of an HA control plane that have not seen the CRD yet), and the node
+    agent creates the first ones as the first pod starts."""
+    client = api.Client(cluster.kubeconfig, timeout=5)
+    cluster.procs.wait_for("its CustomResourceDefinition API", client.serves_crds, apiserver, timeout=60)
     for crd in crds:
         client.apply(yaml.safe_load(crd.read_text()))
+
+
+def bootstrap(cluster: BootingCluster, topo: Topology, crds: tuple[Path, ...],
+              say: Callable[[str], None]) -> None:
+    """Create what a fresh cluster needs before the controllers start (after :func:`install_crds`); idempotent."""
+    client = api.Client(cluster.kubeconfig)
     for crd in crds:
         name = yaml.safe_load(crd.read_text())["metadata"]["name"]
         client.wait_crd(name)

@@ -36,6 +36,10 @@ class Component:
     argv0: str | None = None
 
 
+#: A component just spawned, and its process.
+Started = tuple[Component, subprocess.Popen]
+
+
 class StartError(RuntimeError):
     pass
 
@@ -144,17 +148,13 @@ class ProcessTable:
         self._record(comp.name).write_text(json.dumps({"pid": proc.pid, "argv0": comp.argv0 or comp.argv[0]}))
         return proc
 
-    def wait_ready(self, started: list[tuple[Component, subprocess.Popen]], timeout: float) -> None:
+    def wait_ready(self, started: list[Started], timeout: float) -> None:
         """Wait until every component serves; stop the ones that do not and raise."""
         pending = list(started)
 
         def all_ready() -> bool:
             for comp, proc in list(pending):
-                if proc.poll() is not None:
-                    raise StartError(
-                        f"{comp.name} exited with code {proc.returncode} while starting; "
-                        f"last lines of {self.log(comp.name)}:\n{tail(self.log(comp.name))}"
-                    )
+                self._check_alive(comp, proc)
                 if comp.ready():
                     pending.remove((comp, proc))
             return not pending
@@ -169,6 +169,29 @@ class ProcessTable:
             )
 
         _poll.until(all_ready, timeout, timed_out, interval=0.05)
+
+    def wait_for(self, what: str, done: Callable[[], bool], by: Started,
+                 timeout: float) -> None:
+        """Wait until ``done()``: something the starting component ``by`` makes before it serves (the node
+        agent's pod network). Its exit ends the wait at once, as in :meth:`wait_ready`."""
+        comp, proc = by
+
+        def made() -> bool:
+            self._check_alive(comp, proc)
+            return done()
+
+        def timed_out(_last: object) -> StartError:
+            return StartError(f"{comp.name} did not make {what} within {timeout:.0f} s; "
+                              f"last lines of {self.log(comp.name)}:\n{tail(self.log(comp.name))}")
+
+        _poll.until(made, timeout, timed_out, interval=0.05)
+
+    def _check_alive(self, comp: Component, proc: subprocess.Popen) -> None:
+        if proc.poll() is not None:
+            raise StartError(
+                f"{comp.name} exited with code {proc.returncode} while starting; "
+                f"last lines of {self.log(comp.name)}:\n{tail(self.log(comp.name))}"
+            )
 
     def stop(self, name: str, grace: float = 10.0) -> bool:
         pid = self.pid(name)

@@ -191,6 +191,24 @@ class Client:
             raise ApiError(resp.status, resp.reason or "", parsed)
         return json.loads(payload) if payload else None
 
+    def ready(self) -> bool:
+        """Whether the apiserver answers /readyz with 200: it serves, its post-start hooks (the RBAC roles
+        among them) done."""
+        try:
+            resp = self._pool.request("GET", self._url("/readyz", None), headers=self._auth({}),
+                                      timeout=urllib3.Timeout(total=5), retries=False)
+        except urllib3.exceptions.HTTPError:
+            return False
+        return resp.status == 200
+
+    def serves_crds(self) -> bool:
+        """Whether the apiserver serves CustomResourceDefinitions yet (it does before its /readyz says ready)."""
+        try:
+            self.request("GET", self.path("CustomResourceDefinition"), query={"limit": 1})
+        except (ApiError, NotFound):
+            return False
+        return True
+
     # -- verbs ---------------------------------------------------------------
 
     def get(self, kind: str, name: str, namespace: str | None = None) -> dict[str, Any] | None:

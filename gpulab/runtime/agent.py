@@ -239,13 +239,30 @@ class NodeAgent:
 
     # -- main -----------------------------------------------------------------
 
-    def run(self, ready_file: Path | None = None) -> None:
+    def prepare(self) -> None:
+        """What the agent sets up on this host before it talks to the apiserver (its start need not wait for
+        one): the sandbox checked, `kubectl exec`'s way in."""
         sandbox.check()
         # `kubectl exec`: KWOK finds every program here first, and the node agent runs it in the container.
         streaming.write_farm(self.cluster_dir)
         threading.Thread(target=streaming.keep_farm, args=(self.cluster_dir, self.stop), daemon=True,
                          name="exec-farm").start()
         streaming.ExecServer(self).start()
+
+    def api_ready(self) -> bool:
+        """Whether the apiserver is ready for this agent: ready itself (/readyz), and serving KWOK's kinds the
+        agent writes for every pod (KINDS; their CRDs are installed once the apiserver is ready)."""
+        if not self.client.ready():
+            return False
+        try:
+            for kind in KINDS:
+                self.client.request("GET", self.client.path(kind), query={"limit": 1})
+        except (api.ApiError, api.NotFound):
+            return False
+        return True
+
+    def run(self, ready_file: Path | None = None) -> None:
+        """Watch the nodes and their pods and run them until :attr:`stop` is set (after :meth:`prepare`)."""
         # The nodes first: a pod is run only on a node this agent manages.
         self._watch("Node", self._on_node).wait_synced(30)
         # A pod the list no longer has (deleted while the watch was down) reaches _on_pod as deleted.

@@ -56,6 +56,7 @@ def cluster(tmp_path: Path, monkeypatch):
     monkeypatch.setattr(embedded.pki, "ensure", lambda *a: None)
     monkeypatch.setattr(embedded.pki, "issue_server", lambda *a: None)
     monkeypatch.setattr(embedded.metricsserver, "install", lambda *a: None)
+    monkeypatch.setattr(embedded.nodes, "install_crds", lambda *a: None)
     monkeypatch.setattr(embedded.nodes, "bootstrap", lambda *a: None)
     monkeypatch.setattr(c, "_make_reachable", lambda say: None)
     monkeypatch.setattr(c, "_write_kubeconfigs", lambda port: None)

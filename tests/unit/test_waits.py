@@ -213,6 +213,30 @@ def test_a_component_that_exits_while_starting_is_reported(tmp_path) -> None:
         table.wait_ready([(comp, proc)], timeout=10)
 
 
+def test_what_a_starting_component_makes_is_waited_for(tmp_path) -> None:
+    table = ProcessTable(tmp_path)
+    comp = Component("a", ["sleep", "300"], lambda: False)
+    proc = table.spawn(comp)
+    looks = iter([False, False, True])
+    try:
+        table.wait_for("its socket", lambda: next(looks), (comp, proc), timeout=10)
+        with pytest.raises(StartError, match=r"^a did not make its socket within 0 s; last lines of .*a\.log:"):
+            table.wait_for("its socket", lambda: False, (comp, proc), timeout=0.2)
+        assert proc.poll() is None  # a late component is left to the caller
+    finally:
+        table.stop("a", grace=1)
+        proc.wait()
+
+
+def test_a_component_that_exits_before_making_what_is_waited_for_ends_the_wait(tmp_path) -> None:
+    table = ProcessTable(tmp_path)
+    comp = Component("a", ["sh", "-c", "echo cannot unshare; exit 1"], lambda: False)
+    proc = table.spawn(comp)
+    proc.wait()
+    with pytest.raises(StartError, match=r"^a exited with code 1 while starting; (?s:.*)cannot unshare$"):
+        table.wait_for("its socket", lambda: False, (comp, proc), timeout=60)
+
+
 def test_stop_kills_what_outlives_its_grace(tmp_path) -> None:
     table = ProcessTable(tmp_path)
     proc = table.spawn(Component("a", ["sh", "-c", "trap '' TERM; sleep 300"], lambda: True))
