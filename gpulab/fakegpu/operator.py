@@ -373,6 +373,9 @@ class Operator:
         undoes it."""
         handler = self.daemonsets.on_change(wake.set)
         self.daemonsets.start()
+        # Its chart installed the ClusterPolicy CRD before it: the shared watch, started with the node agent
+        # (maybe before the CRD), lists them now, as the operator's own cache would as it starts.
+        self.stack.policies.list_now()
         self.stack.policies.wait_synced(10)
         self.daemonsets.wait_synced(10)
         return lambda: self.daemonsets.remove_handler(handler)
@@ -600,7 +603,9 @@ def install(kubeconfig: Path, say: Callable[[str], None], since: float = 0.0, ti
             client.wait_crd(doc["metadata"]["name"])
     for doc in policies:
         if client.get("ClusterPolicy", doc["metadata"]["name"]) is None:
-            client.create(doc)
+            # Applied as the chart's other objects are (Helm 4 applies server-side). A create (POST) of a custom
+            # resource within 2 s of its CRD's Established condition waits 2 s in the apiserver.
+            client.apply(doc, manager="gpulab-install")
     waiting: str | None = None
 
     def up() -> bool:

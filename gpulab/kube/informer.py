@@ -91,6 +91,8 @@ class Informer:
         self.quiet = quiet
         self.synced = threading.Event()
         self._stop = threading.Event()
+        # Ends the pause after a list of a kind not served yet (list_now), and so does stop().
+        self._served = threading.Event()
         self._cache: dict[str, Obj] = {}
         self._cache_lock = threading.Lock()
         # Indexes of the cache (client-go's Indexers): index name -> (key function, value -> object keys).
@@ -195,6 +197,11 @@ class Informer:
     def stop(self) -> None:
         """End the informer's thread."""
         self._stop.set()
+        self._served.set()
+
+    def list_now(self) -> None:
+        """The kind is served now (its CRD was installed): if the informer waits to list it again, list at once."""
+        self._served.set()
 
     def join(self, timeout: float | None = None) -> None:
         """Wait for the thread :meth:`start` started to end."""
@@ -212,7 +219,8 @@ class Informer:
                 continue
             except api.NotFound:
                 log.debug("%s is not served yet; listing again in %.0f s", self.kind, NOT_SERVED_BACKOFF)
-                self._stop.wait(NOT_SERVED_BACKOFF)
+                self._served.wait(NOT_SERVED_BACKOFF)
+                self._served.clear()
             except Exception as e:
                 if self._stop.is_set():
                     return

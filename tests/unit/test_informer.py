@@ -208,6 +208,17 @@ def test_stop_ends_the_thread_while_it_waits_to_retry() -> None:
     assert not inf.has_synced()
 
 
+def test_a_kind_not_served_yet_is_listed_again_at_once_when_told_it_is(monkeypatch) -> None:
+    monkeypatch.setattr(informer, "NOT_SERVED_BACKOFF", 60)
+    client = ScriptedClient([api.NotFound("/apis/nvidia.com/v1/clusterpolicies"), [pod("a", "1")]], [])
+    inf = informer_for(client)
+    inf.start()
+    inf.list_now()  # the CRD is installed: no minute's pause
+    inf.join(timeout=5)
+    assert inf._thread is not None and not inf._thread.is_alive()
+    assert inf.has_synced() and inf.keys() == ["ns/a"]
+
+
 def test_cluster_scoped_objects_are_keyed_by_name_and_shared_informers_are_one_per_kind() -> None:
     assert key({"metadata": {"name": "gpu-node-1"}}) == "gpu-node-1"
     shared = SharedInformers(ScriptedClient([], []))
