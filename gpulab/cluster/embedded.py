@@ -81,6 +81,9 @@ CLIENT_RATES = (100, 200)
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok",
               "node-agent", "metrics-server", "kube-proxy")
 NETWORK_COMPONENTS = ("kube-proxy",)
+# The components that serve /healthz with a certificate `up` issues (<name>-serving.crt in the PKI directory).
+SERVED_WITH_CERT = ("kube-controller-manager", "kube-scheduler")
+SERVING_SUFFIX = "-serving"
 
 
 #: Where gpulab's own custom metrics adapter ran before the monitoring add-on took its place.
@@ -201,6 +204,8 @@ class EmbeddedCluster(StateDir):
         # The nodes' kubelet endpoint for resource metrics: one for every node, so it names each node's address.
         pki.issue_server(self.pki, NODE_AGENT_SERVING_CERT, "gpulab:node-agent", (),
                          nodes.internal_ips(topo, sandbox.kind() == "namespaces"))
+        for name in SERVED_WITH_CERT:
+            pki.issue_server(self.pki, f"{name}{SERVING_SUFFIX}", name, ())
         ports = self._ports(state.get("ports", {}), running)
         state.update(topology=str(topo.source.resolve()), ports=ports, backend="embedded")
         self._save_state(state)
@@ -486,13 +491,13 @@ class EmbeddedCluster(StateDir):
         """Flags kube-controller-manager and kube-scheduler share: where each serves /healthz, and how it
         checks who asks."""
         kubeconfig = self.root / "kubeconfigs" / f"{name}.yaml"
-        # A serving certificate of the cluster's CA (an ECDSA key): without one each makes a self-signed RSA one
-        # as it starts, a tenth of a second or more of its start on 2 cores.
-        crt, key = pki.issue_server(self.pki, f"{name}-serving", name, ())
+        # A serving certificate of the cluster's CA (`up` issues it, an ECDSA key): without one each makes a
+        # self-signed RSA one as it starts, a tenth of a second or more of its start on 2 cores.
+        stem = self.pki / f"{name}{SERVING_SUFFIX}"
         return [
             f"--authentication-kubeconfig={kubeconfig}", f"--authorization-kubeconfig={kubeconfig}",
             "--bind-address=127.0.0.1", f"--secure-port={port}",
-            f"--tls-cert-file={crt}", f"--tls-private-key-file={key}",
+            f"--tls-cert-file={stem}.crt", f"--tls-private-key-file={stem}.key",
         ]
 
     def _client_flags(self, name: str, port: int) -> list[str]:

@@ -74,10 +74,13 @@ def test_the_embedded_scheduler_starts_with_the_file_and_the_serving_flags_only(
     comp = cluster._component("kube-scheduler", bins, ports, "gpu-node-1")
     config_file = tmp_path / "cluster" / "kube-scheduler.yaml"
     kubeconfig = tmp_path / "cluster" / "kubeconfigs" / "kube-scheduler.yaml"
+    pki = tmp_path / "cluster" / "pki"
     assert comp.argv == [
         "/bin/kube-scheduler", f"--config={config_file}",
         f"--authentication-kubeconfig={kubeconfig}", f"--authorization-kubeconfig={kubeconfig}",
-        "--bind-address=127.0.0.1", "--secure-port=10259", "--v=0",
+        "--bind-address=127.0.0.1", "--secure-port=10259",
+        f"--tls-cert-file={pki}/kube-scheduler-serving.crt", f"--tls-private-key-file={pki}/kube-scheduler-serving.key",
+        "--v=0",
     ]
     # What --config makes it ignore as flags is in the file: the client (with CLIENT_RATES), leader election.
     config = yaml.safe_load(config_file.read_text())
