@@ -6,31 +6,31 @@ Start order and why (:meth:`EmbeddedCluster._start_components`):
 2. ``kube-apiserver``, and beside it ``node-agent``, gpulab's simulated
    kubelet, whose own start needs no apiserver (Python's imports, the pod
    network's namespace, ``kubectl exec``'s way in): it then waits for the
-   apiserver to be ready. As soon as the apiserver serves, before its
-   post-start hooks are done, KWOK's CRDs (:func:`.nodes.install_crds` says
-   why so early).
-   The node agent makes (or adopts) the nodes' shared network namespace,
-   where the CNI plugins put every pod, relays the apiserver in as the
-   ``kubernetes`` Service's endpoint and serves the apiserver's egress into
-   it (``--egress-selector-config-file``: pod and Service proxies, logs,
-   exec, aggregated APIs; :mod:`gpulab.runtime.network`); runs pods'
-   containers, reports their status, provisions local volumes, serves each
-   node's resource metrics.
-3. Once the apiserver is ready: ``kube-controller-manager`` and
+   apiserver to be ready. The node agent makes (or adopts) the nodes' shared
+   network namespace, where the CNI plugins put every pod, relays the
+   apiserver in as the ``kubernetes`` Service's endpoint and serves the
+   apiserver's egress into it (``--egress-selector-config-file``: pod and
+   Service proxies, logs, exec, aggregated APIs; :mod:`gpulab.runtime.network`);
+   runs pods' containers, reports their status, provisions local volumes,
+   serves each node's resource metrics.
+3. As soon as the apiserver serves (about a second before it is ready: its
+   post-start hooks still run), what acts as ``system:masters``: KWOK's CRDs
+   (:func:`.nodes.install_crds` says why so early); gpulab registers what a
+   kubelet would register (the Node objects of the topology) and installs the
+   cluster's defaults (a default StorageClass); ``kwok`` — node heartbeats and
+   leases, and the kubelet's HTTP API (``kubectl logs``/``exec``) for every
+   simulated node.
+4. Once the apiserver is ready: ``kube-controller-manager`` and
    ``kube-scheduler`` — unmodified, with leader election off (one replica; a
    stale lease would delay a restart); the scheduler with a configuration
    file of two profiles, Kubernetes' default and a bin-packing one
-   (:mod:`.schedulerconfig`). They exit, or back off, if started earlier: the
-   apiserver's RBAC roles for them are among its post-start hooks.
-4. gpulab registers what a kubelet would register (the Node objects of the
-   topology) and installs the cluster's defaults (a default StorageClass).
-5. ``kwok`` — node heartbeats and leases, and the kubelet's HTTP API
-   (``kubectl logs``/``exec``) for every simulated node.
-6. ``kube-proxy`` — Services, in nftables mode, inside the pod network
-   (:mod:`.kubeproxy`), once the node agent has made it.
-7. ``metrics-server`` — the real one, behind the APIService
-   ``v1beta1.metrics.k8s.io`` (``kubectl top``; :mod:`.metricsserver`).
-8. Once nodes are Ready, the NVIDIA GPU Operator and cluster DNS (CoreDNS,
+   (:mod:`.schedulerconfig`). Started earlier, kube-controller-manager exits:
+   its RBAC roles come from one of the apiserver's post-start hooks.
+   ``kube-proxy`` — Services, in nftables mode, inside the pod network
+   (:mod:`.kubeproxy`), once the node agent has made it. ``metrics-server`` —
+   the real one, behind the APIService ``v1beta1.metrics.k8s.io``
+   (``kubectl top``; :mod:`.metricsserver`).
+5. Once nodes are Ready, the NVIDIA GPU Operator and cluster DNS (CoreDNS,
    :mod:`.clusterdns`) are installed as their Helm chart and manifests would
    (:mod:`gpulab.fakegpu.operator`); their pods run on the nodes.
 

@@ -146,8 +146,8 @@ def storage_class(name: str, provisioner: str) -> dict[str, Any]:
 
 
 def install_crds(cluster: BootingCluster, crds: tuple[Path, ...], apiserver: Started) -> None:
-    """Create KWOK's CRDs (the node agent's per-pod ClusterLogs, ClusterExec, ClusterPortForward) as soon as the
-    just ``apiserver`` started serves CRDs, before its post-start hooks are done; idempotent.
+    """Create KWOK's CRDs (the node agent's per-pod ClusterLogs, ClusterExec, ClusterPortForward) as soon as
+    ``apiserver``, just started, serves CRDs: before its post-start hooks are done. Idempotent.
 
     Early, because a custom resource created within 2 s of its CRD's Established condition waits 2 s in the
     apiserver (a grace for apiservers of an HA control plane that have not seen the CRD yet), and the node
