@@ -249,6 +249,7 @@ def _series(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
 
 
 def test_the_dcgm_exporter_serves_the_same_series_on_both_hosts(hosts, kube):
+    wait_gpus_free(kube)  # idle cards: an earlier module's GPU pods may still be terminating
     exporter = kube.list("Pod", OPERATOR_NS, label_selector="app=nvidia-dcgm-exporter")[0]
     embedded_url = wait_for(lambda: (kube.get("Pod", exporter["metadata"]["name"], OPERATOR_NS)["metadata"]
                                      .get("annotations") or {}).get(METRICS_ANNOTATION), 30,
