@@ -75,7 +75,8 @@ from ..kube.topology import load as load_topology
 #: pods and binding them is not held to 20 requests a second (bench/scale_bench.py, BENCHMARKS.md).
 CLIENT_RATES = (100, 200)
 
-# The components; `down` stops them in the reverse of this order (the start order is the module's docstring's).
+# The components; `down` stops them in the reverse of this order, those after the apiserver together (the start
+# order is the module's docstring's).
 # kube-proxy runs only where pods get namespaces, in the pod network the node agent makes (not in
 # GPULAB_SANDBOX=process: see components()).
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok",
@@ -519,7 +520,10 @@ class EmbeddedCluster(StateDir):
 
     def _down(self, purge: bool, say: Say) -> str:
         try:
-            stopped = [n for n in reversed(COMPONENTS) if self.procs.stop(n)]
+            # Whatever talks to the apiserver stops together (the node agent's pods take their 2 s grace while
+            # metrics-server drains), then the apiserver, then etcd: one by one, `down` took the sum, 4.7 s.
+            stopped = self.procs.stop_all(reversed(COMPONENTS[2:]))
+            stopped += [n for n in reversed(COMPONENTS[:2]) if self.procs.stop(n)]
             # Anything else recorded (an old component name) goes too.
             for extra in self.procs.running():
                 self.procs.stop(extra)

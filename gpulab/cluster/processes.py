@@ -19,7 +19,7 @@ import subprocess
 import time
 import urllib.request
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterable
 
 from .. import _poll, _proc, i18n
 
@@ -194,25 +194,36 @@ class ProcessTable:
             )
 
     def stop(self, name: str, grace: float = 10.0) -> bool:
-        pid = self.pid(name)
-        self._record(name).unlink(missing_ok=True)
-        if not pid:
-            return False
-        _signal_group(pid, signal.SIGTERM)
-        try:
-            _poll.until(lambda: _exited(pid), grace, lambda _: _TimedOut(), interval=0.05)
-        except _TimedOut:
-            pass
-        if _alive(pid):
-            _signal_group(pid, signal.SIGKILL)
-            # No deadline, on purpose (not a _poll.until wait): stop() returns once the process is gone,
-            # and its callers then say it stopped, delete its state (`down --purge`) or start it again on
-            # the same ports and data. A SIGKILLed process outlives the signal only in uninterruptible
-            # sleep (hung I/O); a bounded wait would return while it still runs, a new behaviour.
-            while _alive(pid):
-                _reap(pid)
-                time.sleep(0.02)
-        return True
+        """Stop ``name`` (SIGTERM, SIGKILL after ``grace``); whether it ran."""
+        return bool(self.stop_all([name], grace))
+
+    def stop_all(self, names: Iterable[str], grace: float = 10.0) -> list[str]:
+        """Stop ``names`` together: each gets SIGTERM at once, and whichever still runs ``grace`` seconds later
+        SIGKILL. Returns the names that ran, in the order given."""
+        signalled = []
+        for name in names:
+            pid = self.pid(name)
+            self._record(name).unlink(missing_ok=True)
+            if pid:
+                _signal_group(pid, signal.SIGTERM)
+                signalled.append((name, pid))
+        deadline = time.monotonic() + grace
+        for _name, pid in signalled:
+            try:
+                _poll.until(lambda pid=pid: _exited(pid), max(0.0, deadline - time.monotonic()),
+                            lambda _: _TimedOut(), interval=0.05)
+            except _TimedOut:
+                pass
+            if _alive(pid):
+                _signal_group(pid, signal.SIGKILL)
+                # No deadline, on purpose (not a _poll.until wait): stop() returns once the process is gone,
+                # and its callers then say it stopped, delete its state (`down --purge`) or start it again on
+                # the same ports and data. A SIGKILLed process outlives the signal only in uninterruptible
+                # sleep (hung I/O); a bounded wait would return while it still runs, a new behaviour.
+                while _alive(pid):
+                    _reap(pid)
+                    time.sleep(0.02)
+        return [name for name, _pid in signalled]
 
 
 def _signal_group(pid: int, sig: int) -> None:

@@ -107,10 +107,11 @@ def test_down_stops_the_holder_even_when_stopping_a_component_is_interrupted(clu
     holder = _start_holder(cluster.root)
     cluster.holders.append(holder)
 
-    def interrupted(name, grace=10.0):
+    def interrupted(names, grace=10.0):
         raise KeyboardInterrupt  # Ctrl-C, or a test run's SIGTERM, while `down` waits for a component
 
     monkeypatch.setattr(cluster.procs, "stop", interrupted)
+    monkeypatch.setattr(cluster.procs, "stop_all", interrupted)
     with pytest.raises(KeyboardInterrupt):
         cluster.down(say=lambda m: None)
     assert _stopped(holder), "an interrupted `gpulab down` left the pod network's holder running"

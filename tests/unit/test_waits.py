@@ -251,3 +251,16 @@ def test_stop_kills_what_outlives_its_grace(tmp_path) -> None:
     assert table.stop("b", grace=10)
     assert time.monotonic() - started < 5  # SIGTERM sufficed: no waiting out the grace
     quick.wait(5)
+
+
+def test_components_stopped_together_share_one_grace(tmp_path) -> None:
+    table = ProcessTable(tmp_path)
+    stubborn = [table.spawn(Component(n, ["sh", "-c", "trap '' TERM; sleep 300"], lambda: True)) for n in "ab"]
+    quick = table.spawn(Component("c", ["sleep", "300"], lambda: True))
+    time.sleep(0.2)  # the traps are set
+    started = time.monotonic()
+    assert table.stop_all(["a", "gone", "b", "c"], grace=2) == ["a", "b", "c"]
+    assert 2 <= time.monotonic() - started < 4  # one grace for both stubborn ones (not one each), then SIGKILL
+    for proc in (*stubborn, quick):
+        proc.wait(5)
+    assert table.running() == {}
