@@ -89,9 +89,8 @@ def gpulab_run(out: dict[str, list[float]]) -> None:
           f"down {out['down'][-1]:.2f} s, RSS {out['rss_mib'][-1]:.0f} MiB", file=sys.stderr)
 
 
-def kwokctl_run(out: dict[str, list[float]], i: int) -> None:
+def kwokctl_run(bins: binaries.Binaries, out: dict[str, list[float]], i: int) -> None:
     """One `kwokctl create cluster --runtime binary` with the same binaries, the anchor; into ``out``."""
-    bins = binaries.ensure(quiet)
     kwokctl = bins["kwokctl"]
     work = Path(tempfile.mkdtemp(prefix="kwb-", dir="/tmp"))
     cfg = work / "kwokctl.yaml"
@@ -154,14 +153,15 @@ def main() -> int:
     ap.add_argument("--cold", action="store_true")
     args = ap.parse_args()
     cold = bench_cold() if args.cold else None
-    g: dict[str, list[float]] = {k: [] for k in ("fresh_up", "fresh_nodes", "fresh_gpu", "gpu_after_nodes",
-                                                  "restart_up", "restart_nodes", "down", "rss_mib")}
+    g: dict[str, list[float]] = {name: [] for name in ("fresh_up", "fresh_nodes", "fresh_gpu", "gpu_after_nodes",
+                                                        "restart_up", "restart_nodes", "down", "rss_mib")}
     k: dict[str, list[float]] = {"create": [], "rss_mib": []}
+    bins = binaries.ensure(quiet)
     for i in range(args.runs):
         # Taken in turns, so that what else the machine does weighs on both alike.
         print(f"run {i + 1}/{args.runs}", file=sys.stderr)
         gpulab_run(g)
-        kwokctl_run(k, i)
+        kwokctl_run(bins, k, i)
     ratio = statistics.median(g["fresh_nodes"]) / statistics.median(k["create"])
     ratio_full = statistics.median(g["fresh_up"]) / statistics.median(k["create"])
     print(f"\n| measure ({args.runs} runs, median (min, max)) | value |\n|---|---|")

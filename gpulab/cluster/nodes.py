@@ -153,7 +153,8 @@ def install_crds(cluster: BootingCluster, crds: tuple[Path, ...], apiserver: Sta
     apiserver (a grace for apiservers of an HA control plane that have not seen the CRD yet), and the node
     agent creates the first ones as the first pod starts."""
     client = api.Client(cluster.kubeconfig, timeout=5)
-    cluster.procs.wait_for("its CustomResourceDefinition API", client.serves_crds, apiserver, timeout=60)
+    cluster.procs.wait_for("its CustomResourceDefinition API", lambda: client.serves("CustomResourceDefinition"),
+                           apiserver, timeout=60)
     for crd in crds:
         client.apply(yaml.safe_load(crd.read_text()))
 

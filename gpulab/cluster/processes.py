@@ -216,7 +216,7 @@ class ProcessTable:
                 pass
             if _alive(pid):
                 _signal_group(pid, signal.SIGKILL)
-                # No deadline, on purpose (not a _poll.until wait): stop() returns once the process is gone,
+                # No deadline, on purpose (not a _poll.until wait): stop_all() returns once each process is gone,
                 # and its callers then say it stopped, delete its state (`down --purge`) or start it again on
                 # the same ports and data. A SIGKILLed process outlives the signal only in uninterruptible
                 # sleep (hung I/O); a bounded wait would return while it still runs, a new behaviour.

@@ -201,10 +201,11 @@ class Client:
             return False
         return resp.status == 200
 
-    def serves_crds(self) -> bool:
-        """Whether the apiserver serves CustomResourceDefinitions yet (it does before its /readyz says ready)."""
+    def serves(self, kind: str) -> bool:
+        """Whether the apiserver serves ``kind`` yet: a CRD's once it is established, CustomResourceDefinitions
+        themselves before its /readyz says ready."""
         try:
-            self.request("GET", self.path("CustomResourceDefinition"), query={"limit": 1})
+            self.request("GET", self.path(kind), query={"limit": 1})
         except (ApiError, NotFound):
             return False
         return True

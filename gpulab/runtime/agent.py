@@ -251,15 +251,8 @@ class NodeAgent:
 
     def api_ready(self) -> bool:
         """Whether the apiserver is ready for this agent: ready itself (/readyz), and serving KWOK's kinds the
-        agent writes for every pod (KINDS; their CRDs are installed once the apiserver is ready)."""
-        if not self.client.ready():
-            return False
-        try:
-            for kind in KINDS:
-                self.client.request("GET", self.client.path(kind), query={"limit": 1})
-        except (api.ApiError, api.NotFound):
-            return False
-        return True
+        agent writes for every pod (KINDS; `gpulab up` installs their CRDs as soon as the apiserver serves)."""
+        return self.client.ready() and all(self.client.serves(kind) for kind in KINDS)
 
     def run(self, ready_file: Path | None = None) -> None:
         """Watch the nodes and their pods and run them until :attr:`stop` is set (after :meth:`prepare`)."""
