@@ -30,6 +30,9 @@ from ..runtime import sandbox
 from ..runtime.resourcemetrics import PATH_ANNOTATION, node_path
 
 POOL_LABEL = "gpulab.io/pool"
+#: The taints of a node not (yet) Ready, which kube-controller-manager's node lifecycle controller keeps in step
+#: with its Ready condition.
+NOT_READY_TAINTS = ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
 
 
 class BootingCluster(Protocol):
@@ -202,6 +205,11 @@ def wait_ready(cluster: BootingCluster, topo: Topology, timeout: float) -> None:
         nonlocal not_ready
         ready = set()
         for node in client.list("Node"):
+            # Ready as the scheduler sees it: the condition True, and kube-controller-manager has taken off the
+            # taint a node is registered with until then (a pod placed meanwhile lands on whichever node's taint
+            # went first).
+            if any(t.get("key") in NOT_READY_TAINTS for t in node.get("spec", {}).get("taints") or []):
+                continue
             for cond in node.get("status", {}).get("conditions") or []:
                 if cond.get("type") == "Ready" and cond.get("status") == "True":
                     ready.add(node["metadata"]["name"])
