@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/scale_bench.py [--topology manifests/topologies/fleet-1000.yaml] [--pods 8000]
                                           [--gpus-per-pod 1] [--client-rates raised|default]
-                                          [--no-kwok] [--timeout 600]
+                                          [--no-kwok | --kwok-only] [--timeout 600]
 
 1. ``gpulab up`` of the topology in a temporary ``GPULAB_HOME``: seconds until every node is Ready, until the GPU
    Operator is ready on every GPU node (its operand DaemonSets' pods Running), and in all; then the memory (RSS)
@@ -12,7 +12,9 @@
    by the scheduler, and until every pod is Running; pods per second.
 3. The anchor, KWOK alone (``kwokctl create cluster --runtime binary``, the same binaries and the same
    control-plane client rates): the same nodes (capacity and ``nvidia.com/gpu``) created as Node objects that
-   KWOK keeps Ready, and the same Deployment. Its pods are Running as soon as KWOK says so.
+   KWOK keeps Ready; then the GPU Operator's operand DaemonSets as gpulab's operator makes them (about 5000 pods
+   on fleet-1000), for the scheduler and the DaemonSet controller, Running as soon as KWOK says so: the control
+   plane's own share of the GPU stack's bring-up; then the same Deployment.
 
 ``--client-rates raised`` (the default) runs both with the rates gpulab sets (``CLIENT_RATES``);
 ``--client-rates default`` runs both with the components' own defaults (kube-controller-manager's
@@ -41,6 +43,7 @@ sys.path.insert(0, str(REPO))
 
 from gpulab.cluster import binaries, nodes  # noqa: E402
 from gpulab.cluster.embedded import CLIENT_RATES, EmbeddedCluster  # noqa: E402
+from gpulab.fakegpu import operator  # noqa: E402
 from gpulab.kube import api  # noqa: E402
 from gpulab.kube.names import NODE_ANNOTATION  # noqa: E402
 from gpulab.kube.topology import load as load_topology  # noqa: E402
@@ -96,10 +99,12 @@ def deployment(name: str, replicas: int, gpus: int) -> dict:
 
 
 class PodCounter:
-    """Watches the pods of ``app=NAME``: when each was first seen bound, and Running."""
+    """Watches the pods of ``namespace`` labelled ``selector`` (``key=value``): when each was first seen
+    bound, and Running."""
 
-    def __init__(self, client: api.Client, name: str):
-        self.client, self.name = client, name
+    def __init__(self, client: api.Client, selector: str, namespace: str = "default"):
+        self.client, self.selector, self.namespace = client, selector, namespace
+        self.label = tuple(selector.split("=", 1))
         self.bound: dict[str, float] = {}
         self.running: dict[str, float] = {}
         self.stop = threading.Event()
@@ -110,6 +115,8 @@ class PodCounter:
         return self
 
     def _note(self, pod: dict) -> None:
+        if (pod["metadata"].get("labels") or {}).get(self.label[0]) != self.label[1]:
+            return
         uid, now = pod["metadata"]["uid"], time.monotonic()
         if pod.get("spec", {}).get("nodeName"):
             self.bound.setdefault(uid, now)
@@ -117,14 +124,13 @@ class PodCounter:
             self.running.setdefault(uid, now)
 
     def _run(self) -> None:
-        selector = f"app={self.name}"
         while not self.stop.is_set():
             try:
-                listed = self.client.list_raw("Pod", "default", label_selector=selector)
+                listed = self.client.list_raw("Pod", self.namespace, label_selector=self.selector)
                 for pod in listed.get("items") or []:
                     self._note(pod)
                 rv = listed["metadata"]["resourceVersion"]
-                for ev in self.client.watch("Pod", rv, "default", timeout_seconds=60):  # only this app's pods are there
+                for ev in self.client.watch("Pod", rv, self.namespace, timeout_seconds=60):  # _note skips the others
                     if self.stop.is_set():
                         return
                     if ev["type"] in ("ADDED", "MODIFIED"):
@@ -149,7 +155,7 @@ class PodCounter:
 
 
 def pod_throughput(client: api.Client, pods: int, gpus: int, timeout: float, what: str) -> dict[str, float | None]:
-    counter = PodCounter(client, "fleet-train").start()
+    counter = PodCounter(client, "app=fleet-train").start()
     time.sleep(1)
     start = time.monotonic()
     client.apply(deployment("fleet-train", pods, gpus), manager="scale-bench")
@@ -192,15 +198,38 @@ def bench_gpulab(topology: Path, pods: int, gpus: int, rates: tuple[int, int] | 
 
 def kwok_nodes(topology: Path) -> list[dict]:
     """The topology's nodes as gpulab registers them (:func:`gpulab.cluster.nodes.node_object`), for KWOK to keep
-    Ready, with the GPUs a device plugin would add to their capacity (KWOK alone runs none)."""
+    Ready, with the GPUs a device plugin would add to their capacity and the labels by which the GPU Operator
+    deploys its operands there (KWOK alone runs neither)."""
     out = []
     for spec in load_topology(topology).nodes:
         node = nodes.node_object(spec, NODE_ANNOTATION)
         if spec.gpu_count:
             for key in ("capacity", "allocatable"):
                 node["status"][key][GPU] = str(spec.gpu_count)
+            node["metadata"]["labels"].update({f"nvidia.com/gpu.deploy.{op.deploy}": "true" for op in operator.OPERANDS})
         out.append(node)
     return out
+
+
+#: Every operand pod of the KWOK-alone anchor carries it (the DaemonSets' own labels differ).
+OPERAND_LABEL = ("scale-bench/operand", "true")
+
+
+def operand_objects() -> list[dict]:
+    """The GPU Operator's operand DaemonSets as gpulab's operator makes them for a default ClusterPolicy
+    (:func:`gpulab.fakegpu.operator.desired_daemonsets`), with their namespace and service accounts, for KWOK
+    alone: the same pods for the scheduler to place and the DaemonSet controller to create, none of them run."""
+    policy = {"metadata": {"name": "cluster-policy", "uid": "0"}, "spec": {}}
+    objects: list[dict] = [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": operator.NAMESPACE}}]
+    for op in operator.OPERANDS:
+        objects.append({"apiVersion": "v1", "kind": "ServiceAccount",
+                        "metadata": {"name": op.service_account, "namespace": operator.NAMESPACE}})
+    for ds in operator.desired_daemonsets(policy).values():
+        if ds is not None:
+            del ds["metadata"]["ownerReferences"]  # no ClusterPolicy here: the garbage collector would take them
+            ds["spec"]["template"]["metadata"]["labels"][OPERAND_LABEL[0]] = OPERAND_LABEL[1]
+            objects.append(ds)
+    return objects
 
 
 def bench_kwok(topology: Path, pods: int, gpus: int, rates: tuple[int, int] | None, timeout: float) -> dict:
@@ -239,8 +268,21 @@ def bench_kwok(topology: Path, pods: int, gpus: int, rates: tuple[int, int] | No
                 break
             time.sleep(1)
         out["nodes_ready_s"] = time.monotonic() - start
-        pids = [int(p.read_text()) for p in (work / "kwok" / "clusters" / "scale" / "pids").glob("*.pid")]
-        out["rss"] = sum(rss_mib(pid) for pid in pids)
+        pids = {p.stem: int(p.read_text()) for p in (work / "kwok" / "clusters" / "scale" / "pids").glob("*.pid")}
+        out["rss"] = sum(rss_mib(pid) for pid in pids.values())
+        # The GPU stack's shape: the operand DaemonSets' pods on every GPU node, Running as KWOK says.
+        objects = operand_objects()
+        expected = sum(1 for n in fleet if GPU in n["status"]["capacity"]) * sum(
+            1 for o in objects if o["kind"] == "DaemonSet")
+        counter = PodCounter(client, "=".join(OPERAND_LABEL), operator.NAMESPACE).start()
+        time.sleep(1)
+        start = time.monotonic()
+        for obj in objects:
+            client.create(obj)
+        _bound, running = counter.wait(expected, timeout, "KWOK alone, the GPU Operator's operands")
+        out["operands_s"] = None if running is None else running - start
+        out["operand_pods"] = expected
+        out["cpu"] = {name: cpu_s(pid) for name, pid in sorted(pids.items())}
         if pods:
             out["pods"] = pod_throughput(client, pods, gpus, timeout, "KWOK alone")
     finally:
@@ -261,36 +303,43 @@ def main() -> int:
     ap.add_argument("--gpus-per-pod", type=int, default=1, help="0: pods without GPUs")
     ap.add_argument("--client-rates", choices=("raised", "default"), default="raised",
                     help="the control plane's client rates: gpulab's (raised) or the components' defaults")
-    ap.add_argument("--no-kwok", action="store_true", help="skip the KWOK-alone anchor")
+    which = ap.add_mutually_exclusive_group()
+    which.add_argument("--no-kwok", action="store_true", help="skip the KWOK-alone anchor")
+    which.add_argument("--kwok-only", action="store_true", help="only the KWOK-alone anchor")
     ap.add_argument("--timeout", type=float, default=600)
     args = ap.parse_args()
     topo = load_topology(args.topology)
     progress(f"topology {topo.name}: {len(topo.nodes)} nodes, {sum(n.gpu_count for n in topo.nodes)} GPUs")
     rates = CLIENT_RATES if args.client_rates == "raised" else None
-    g = bench_gpulab(args.topology, args.pods, args.gpus_per_pod, rates, args.timeout)
+    g = {} if args.kwok_only else bench_gpulab(args.topology, args.pods, args.gpus_per_pod, rates, args.timeout)
     k = None if args.no_kwok else bench_kwok(args.topology, args.pods, args.gpus_per_pod, rates, args.timeout)
     clients = ("control-plane clients at their defaults" if rates is None
                else f"control-plane clients at qps {rates[0]}, burst {rates[1]}")
     print(f"\n| {topo.name}: {len(topo.nodes)} nodes; {clients} | value |")
     print("|---|---|")
-    print(f"| gpulab `up`: nodes Ready | {fmt(g.get('nodes_ready_s'))} |")
-    print(f"| gpulab `up`: GPU Operator ready on every GPU node | {fmt(g.get('gpu_stack_s'))} |")
-    print(f"| gpulab `up` returns | {fmt(g.get('up_s'))} |")
-    for name, mib in g.get("rss", {}).items():
-        print(f"| RSS {name} | {mib:.0f} MiB |")
-    print(f"| RSS of the cluster | {sum(g.get('rss', {}).values()):.0f} MiB |")
-    for name, (user, system, threads) in g.get("cpu", {}).items():
-        print(f"| CPU by then, {name} | {user + system:.1f} s (user {user:.1f}, system {system:.1f}; "
-              f"{threads} threads) |")
-    if "pods" in g:
-        p = g["pods"]
-        print(f"| gpulab: {args.pods} pods of {args.gpus_per_pod} GPUs bound | {fmt(p['bound_s'])} |")
-        print(f"| gpulab: {args.pods} pods Running | {fmt(p['running_s'])} ({fmt(p['pods_per_s'], 'pods/s')}) |")
-        print(f"| RSS of the cluster with the pods | {sum(g['rss_with_pods'].values()):.0f} MiB |")
+    if g:
+        print(f"| gpulab `up`: nodes Ready | {fmt(g.get('nodes_ready_s'))} |")
+        print(f"| gpulab `up`: GPU Operator ready on every GPU node | {fmt(g.get('gpu_stack_s'))} |")
+        print(f"| gpulab `up` returns | {fmt(g.get('up_s'))} |")
+        for name, mib in g.get("rss", {}).items():
+            print(f"| RSS {name} | {mib:.0f} MiB |")
+        print(f"| RSS of the cluster | {sum(g.get('rss', {}).values()):.0f} MiB |")
+        for name, (user, system, threads) in g.get("cpu", {}).items():
+            print(f"| CPU by then, {name} | {user + system:.1f} s (user {user:.1f}, system {system:.1f}; "
+                  f"{threads} threads) |")
+        if "pods" in g:
+            p = g["pods"]
+            print(f"| gpulab: {args.pods} pods of {args.gpus_per_pod} GPUs bound | {fmt(p['bound_s'])} |")
+            print(f"| gpulab: {args.pods} pods Running | {fmt(p['running_s'])} ({fmt(p['pods_per_s'], 'pods/s')}) |")
+            print(f"| RSS of the cluster with the pods | {sum(g['rss_with_pods'].values()):.0f} MiB |")
     if k:
         print(f"| KWOK alone: `kwokctl create cluster` | {fmt(k.get('create_s'))} |")
         print(f"| KWOK alone: {len(topo.nodes)} nodes Ready after creation | {fmt(k.get('nodes_ready_s'))} |")
         print(f"| KWOK alone: RSS | {k.get('rss', 0):.0f} MiB |")
+        print(f"| KWOK alone: the GPU Operator's {k.get('operand_pods')} operand pods (its DaemonSets) Running after "
+              f"their creation | {fmt(k.get('operands_s'))} |")
+        for name, (user, system, _threads) in k.get("cpu", {}).items():
+            print(f"| KWOK alone: CPU by then, {name} | {user + system:.1f} s |")
         if "pods" in k:
             p = k["pods"]
             print(f"| KWOK alone: {args.pods} pods Running | {fmt(p['running_s'])} ({fmt(p['pods_per_s'], 'pods/s')}) |")
