@@ -6,7 +6,8 @@
 
 1. ``gpulab up`` of the topology in a temporary ``GPULAB_HOME``: seconds until every node is Ready, until the GPU
    Operator is ready on every GPU node (its operand DaemonSets' pods Running), and in all; then the memory (RSS)
-   of each component of the cluster.
+   and CPU time of each component of the cluster, and the writes the apiserver took per pod, by resource
+   (``apiserver_request_total``: what a simulated kubelet asks of it, beside the controllers).
 2. A Deployment of ``--pods`` pods of ``--gpus-per-pod`` GPUs each (no command: each container is simulated
    as a process that runs until stopped) on that cluster: seconds from its creation until every pod is bound
    by the scheduler, and until every pod is Running; pods per second.
@@ -37,6 +38,7 @@ from pathlib import Path
 
 import psutil
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -86,6 +88,37 @@ def cpu_s(pid: int) -> tuple[float, float, int]:
         except psutil.NoSuchProcess:
             pass
     return user, system, threads
+
+
+#: Writes: what costs kube-apiserver (admission, etcd, every watcher told) far more than a read from its cache.
+WRITES = ("POST", "PUT", "PATCH", "APPLY", "DELETE")
+
+
+def write_census(client: api.Client) -> dict[str, float]:
+    """The apiserver's writes since it started (``apiserver_request_total``), per resource: ``pods/status``,
+    ``events``, ...; and the number of pods in the cluster under ``"(pods)"``."""
+    counts: dict[str, float] = {}
+    for family in text_string_to_metric_families(client.text("/metrics")):
+        if family.name != "apiserver_request":
+            continue
+        for sample in family.samples:
+            labels = sample.labels
+            if sample.name != "apiserver_request_total" or labels.get("verb") not in WRITES:
+                continue
+            resource = labels.get("resource") or "?"
+            if labels.get("subresource"):
+                resource += "/" + labels["subresource"]
+            counts[resource] = counts.get(resource, 0.0) + sample.value
+    counts["(pods)"] = float(len(client.list("Pod")))
+    return counts
+
+
+def print_census(label: str, census: dict[str, float], rows: int = 8) -> None:
+    pods = census.get("(pods)") or 1.0
+    writes = {k: v for k, v in census.items() if k != "(pods)"}
+    print(f"| {label}: apiserver writes per pod ({pods:.0f} pods) | {sum(writes.values()) / pods:.1f} |")
+    for resource, n in sorted(writes.items(), key=lambda kv: -kv[1])[:rows]:
+        print(f"| {label}: writes per pod, {resource} | {n / pods:.2f} |")
 
 
 def deployment(name: str, replicas: int, gpus: int) -> dict:
@@ -186,8 +219,9 @@ def bench_gpulab(topology: Path, pods: int, gpus: int, rates: tuple[int, int] | 
         time.sleep(5)
         out["rss"] = {name: rss_mib(pid) for name, pid in sorted(cluster.running().items())}
         out["cpu"] = {name: cpu_s(pid) for name, pid in sorted(cluster.running().items())}
+        client = api.Client(cluster.kubeconfig)
+        out["writes"] = write_census(client)
         if pods:
-            client = api.Client(cluster.kubeconfig)
             out["pods"] = pod_throughput(client, pods, gpus, timeout, "gpulab")
             out["rss_with_pods"] = {name: rss_mib(pid) for name, pid in sorted(cluster.running().items())}
     finally:
@@ -283,6 +317,7 @@ def bench_kwok(topology: Path, pods: int, gpus: int, rates: tuple[int, int] | No
         out["operands_s"] = None if running is None else running - start
         out["operand_pods"] = expected
         out["cpu"] = {name: cpu_s(pid) for name, pid in sorted(pids.items())}
+        out["writes"] = write_census(client)
         if pods:
             out["pods"] = pod_throughput(client, pods, gpus, timeout, "KWOK alone")
     finally:
@@ -327,6 +362,8 @@ def main() -> int:
         for name, (user, system, threads) in g.get("cpu", {}).items():
             print(f"| CPU by then, {name} | {user + system:.1f} s (user {user:.1f}, system {system:.1f}; "
                   f"{threads} threads) |")
+        if "writes" in g:
+            print_census("gpulab, once `up` returns", g["writes"])
         if "pods" in g:
             p = g["pods"]
             print(f"| gpulab: {args.pods} pods of {args.gpus_per_pod} GPUs bound | {fmt(p['bound_s'])} |")
@@ -340,6 +377,8 @@ def main() -> int:
               f"their creation | {fmt(k.get('operands_s'))} |")
         for name, (user, system, _threads) in k.get("cpu", {}).items():
             print(f"| KWOK alone: CPU by then, {name} | {user + system:.1f} s |")
+        if "writes" in k:
+            print_census("KWOK alone, its operand pods Running", k["writes"])
         if "pods" in k:
             p = k["pods"]
             print(f"| KWOK alone: {args.pods} pods Running | {fmt(p['running_s'])} ({fmt(p['pods_per_s'], 'pods/s')}) |")

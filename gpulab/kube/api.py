@@ -191,6 +191,19 @@ class Client:
             raise ApiError(resp.status, resp.reason or "", parsed)
         return json.loads(payload) if payload else None
 
+    def text(self, path: str) -> str:
+        """GET ``path`` as text (``kubectl get --raw``): the apiserver's own ``/metrics``, for one."""
+        try:
+            resp = self._pool.request("GET", self._url(path, None), headers=self._auth({"Accept": "text/plain"}),
+                                      timeout=urllib3.Timeout(total=self.timeout), retries=False)
+        except urllib3.exceptions.HTTPError as e:
+            raise ApiError(0, f"cannot reach the apiserver: {e}", None) from None
+        if resp.status == 404:
+            raise NotFound(path)
+        if resp.status >= 400:
+            raise ApiError(resp.status, resp.reason or "", None)
+        return resp.data.decode()
+
     def ready(self) -> bool:
         """Whether the apiserver answers /readyz with 200: it serves, its post-start hooks (the RBAC roles
         among them) done."""
