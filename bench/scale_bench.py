@@ -240,7 +240,8 @@ def kwok_nodes(topology: Path) -> list[dict]:
         if spec.gpu_count:
             for key in ("capacity", "allocatable"):
                 node["status"][key][GPU] = str(spec.gpu_count)
-            node["metadata"]["labels"].update({f"nvidia.com/gpu.deploy.{op.deploy}": "true" for op in operator.OPERANDS})
+            node["metadata"]["labels"].update(
+                {f"nvidia.com/gpu.deploy.{op.deploy}": "true" for op in operator.OPERANDS})
         out.append(node)
     return out
 

@@ -48,6 +48,18 @@ def test_status_json_reports_components_and_gpus(cluster, gpulab_home):
     assert "kube-scheduler" in text and "NVIDIA-H100-80GB-HBM3" in text
 
 
+def test_the_apiserver_answers_a_raw_get_as_text(kube):
+    """Client.text: what `kubectl get --raw` prints (bench/scale_bench.py counts the apiserver's writes so)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from gpulab.kube.api import NotFound
+
+    families = {f.name for f in text_string_to_metric_families(kube.text("/metrics"))}
+    assert "apiserver_request" in families
+    with pytest.raises(NotFound):
+        kube.text("/no-such-path")
+
+
 def test_up_while_running_starts_no_second_cluster(cluster, gpulab_home):
     before = cluster.running()
     proc = gpulab("up", env_home=gpulab_home)
