@@ -132,12 +132,11 @@ def deployment(name: str, replicas: int, gpus: int) -> dict:
 
 
 class PodCounter:
-    """Watches the pods of ``namespace`` labelled ``selector`` (``key=value``): when each was first seen
-    bound, and Running."""
+    """Watches the pods of ``namespace`` with the label ``label`` (key, value): when each was first seen bound,
+    and Running."""
 
-    def __init__(self, client: api.Client, selector: str, namespace: str = "default"):
-        self.client, self.selector, self.namespace = client, selector, namespace
-        self.label = tuple(selector.split("=", 1))
+    def __init__(self, client: api.Client, label: tuple[str, str], namespace: str = "default"):
+        self.client, self.label, self.namespace = client, label, namespace
         self.bound: dict[str, float] = {}
         self.running: dict[str, float] = {}
         self.stop = threading.Event()
@@ -159,7 +158,7 @@ class PodCounter:
     def _run(self) -> None:
         while not self.stop.is_set():
             try:
-                listed = self.client.list_raw("Pod", self.namespace, label_selector=self.selector)
+                listed = self.client.list_raw("Pod", self.namespace, label_selector="=".join(self.label))
                 for pod in listed.get("items") or []:
                     self._note(pod)
                 rv = listed["metadata"]["resourceVersion"]
@@ -188,7 +187,7 @@ class PodCounter:
 
 
 def pod_throughput(client: api.Client, pods: int, gpus: int, timeout: float, what: str) -> dict[str, float | None]:
-    counter = PodCounter(client, "app=fleet-train").start()
+    counter = PodCounter(client, ("app", "fleet-train")).start()
     time.sleep(1)
     start = time.monotonic()
     client.apply(deployment("fleet-train", pods, gpus), manager="scale-bench")
@@ -309,7 +308,7 @@ def bench_kwok(topology: Path, pods: int, gpus: int, rates: tuple[int, int] | No
         objects = operand_objects()
         expected = sum(1 for n in fleet if GPU in n["status"]["capacity"]) * sum(
             1 for o in objects if o["kind"] == "DaemonSet")
-        counter = PodCounter(client, "=".join(OPERAND_LABEL), operator.NAMESPACE).start()
+        counter = PodCounter(client, OPERAND_LABEL, operator.NAMESPACE).start()
         time.sleep(1)
         start = time.monotonic()
         for obj in objects:

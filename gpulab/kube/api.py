@@ -171,10 +171,19 @@ class Client:
 
     def request(self, method: str, path: str, body: Any = None, query: dict[str, Any] | None = None,
                 content_type: str = "application/json") -> Any:
-        headers = self._auth({"Accept": "application/json", "Content-Type": content_type})
         data = None if body is None else json.dumps(body).encode()
+        payload = self._send(method, path, query, data, {"Accept": "application/json", "Content-Type": content_type})
+        return json.loads(payload) if payload else None
+
+    def text(self, path: str) -> str:
+        """GET ``path`` as text (``kubectl get --raw``): the apiserver's own ``/metrics``, for one."""
+        return self._send("GET", path, None, None, {"Accept": "text/plain"}).decode()
+
+    def _send(self, method: str, path: str, query: dict[str, Any] | None, data: bytes | None,
+              headers: dict[str, str]) -> bytes:
+        """One request; its body, or the error it answered with (NotFound, Conflict, ApiError)."""
         try:
-            resp = self._pool.request(method, self._url(path, query), body=data, headers=headers,
+            resp = self._pool.request(method, self._url(path, query), body=data, headers=self._auth(headers),
                                       timeout=urllib3.Timeout(total=self.timeout), retries=False)
         except urllib3.exceptions.HTTPError as e:
             raise ApiError(0, f"cannot reach the apiserver: {e}", None) from None
@@ -189,20 +198,7 @@ class Client:
             if resp.status == 409:
                 raise Conflict((parsed or {}).get("message", path))
             raise ApiError(resp.status, resp.reason or "", parsed)
-        return json.loads(payload) if payload else None
-
-    def text(self, path: str) -> str:
-        """GET ``path`` as text (``kubectl get --raw``): the apiserver's own ``/metrics``, for one."""
-        try:
-            resp = self._pool.request("GET", self._url(path, None), headers=self._auth({"Accept": "text/plain"}),
-                                      timeout=urllib3.Timeout(total=self.timeout), retries=False)
-        except urllib3.exceptions.HTTPError as e:
-            raise ApiError(0, f"cannot reach the apiserver: {e}", None) from None
-        if resp.status == 404:
-            raise NotFound(path)
-        if resp.status >= 400:
-            raise ApiError(resp.status, resp.reason or "", None)
-        return resp.data.decode()
+        return payload
 
     def ready(self) -> bool:
         """Whether the apiserver answers /readyz with 200: it serves, its post-start hooks (the RBAC roles
