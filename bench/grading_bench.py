@@ -1,7 +1,7 @@
 """Grading benchmark: seconds per graded submission, per lab and for a batch of 20.
 
-    .venv/bin/python bench/grading_bench.py [--lab 01] [--batch 20] [-j N] [--labs 01,02,...,09] [--no-jail]
-                                            [--reset-compare] [--home DIR]
+    .venv/bin/python bench/grading_bench.py [--lab 01] [--batch 20] [--solutions-only] [-j N]
+                                            [--labs 01,02,...,09] [--no-jail] [--reset-compare] [--home DIR]
 
 Starts a fresh cluster in a temp GPULAB_HOME (or uses the running one in
 ``--home``), then
@@ -12,8 +12,9 @@ Starts a fresh cluster in a temp GPULAB_HOME (or uses the running one in
    time into its phases: a batch's second and later submissions find their
    kernel started (``Runner.warm``), the first starts it when it comes;
 2. grades a batch of ``--batch`` submissions of ``--lab`` (solutions and
-   untouched labs, alternating) into a gradebook, ``--jobs`` at once where the
-   lab allows (``gpulab grade -j``);
+   untouched labs, alternating; with ``--solutions-only`` every one the
+   solution, each submission's seconds and score shown) into a gradebook,
+   ``--jobs`` at once where the lab allows (``gpulab grade -j``);
 3. with ``--reset-compare``, times one targeted restore of a cluster-wide lab
    against one ``EmbeddedCluster.reset()``.
 
@@ -142,14 +143,15 @@ def bench_labs(cluster, labs: list[str], work: Path, jail: bool) -> None:
               f"max {max(seconds):.1f} s |")
 
 
-def bench_batch(cluster, lab: str, n: int, work: Path, jail: bool, jobs: int = 1) -> None:
+def bench_batch(cluster, lab: str, n: int, work: Path, jail: bool, jobs: int = 1,
+                solutions_only: bool = False) -> None:
     spec = grader.load_lab_spec(lab)
     subs = work / f"batch-{lab}"
     subs.mkdir(parents=True)
     solution = nbformat.read(REPO / "solutions" / f"{spec.lab}.ipynb", as_version=4)
     untouched = nbformat.read(REPO / "labs" / f"{spec.lab}.ipynb", as_version=4)
     for i in range(n):
-        nbformat.write(solution if i % 2 == 0 else untouched, subs / f"learner-{i:02d}.ipynb")
+        nbformat.write(solution if solutions_only or i % 2 == 0 else untouched, subs / f"learner-{i:02d}.ipynb")
     print(f"lab {spec.lab}: batch of {n}", file=sys.stderr)
     started = time.monotonic()
     clock, phases, rows, at_once = grade(cluster, lab, subs, work / f"batch-{lab}-out", jail, jobs)
@@ -162,6 +164,10 @@ def bench_batch(cluster, lab: str, n: int, work: Path, jail: bool, jobs: int = 1
     for name, values in phases.times.items():
         print(f"| of which {name} | {stats(values)} |")
     print(f"| statuses | {', '.join(f'{s} {clock.statuses.count(s)}' for s in sorted(set(clock.statuses)))} |")
+    if solutions_only:  # each run: a lab's fixture may set up each namespace differently (lab 09: its fault)
+        print("\n| learner | namespace | seconds | score |\n|---|---|---|---|")
+        for row, seconds in zip(rows, clock.seconds):
+            print(f"| {row.learner} | {row.namespace} | {seconds:.1f} | {row.total} / {row.max_points} |")
 
 
 def bench_reset(cluster) -> None:
@@ -188,6 +194,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--lab", default="01", help="lab of the batch (default 01)")
     parser.add_argument("--batch", type=int, default=20)
+    parser.add_argument("--solutions-only", action="store_true", help="every submission of the batch the solution")
     parser.add_argument("--jobs", "-j", type=int, default=1, help="grade the batch as `gpulab grade -j N`")
     parser.add_argument("--labs", default="01,02,03,04,05,06,07,08,09", help="labs graded once each ('' to skip)")
     parser.add_argument("--no-jail", action="store_true")
@@ -209,7 +216,7 @@ def main() -> int:
         if args.labs:
             bench_labs(cluster, [lab.strip() for lab in args.labs.split(",") if lab.strip()], work, not args.no_jail)
         if args.batch:
-            bench_batch(cluster, args.lab, args.batch, work, not args.no_jail, args.jobs)
+            bench_batch(cluster, args.lab, args.batch, work, not args.no_jail, args.jobs, args.solutions_only)
         if args.reset_compare:
             bench_reset(cluster)
     finally:
